@@ -1,0 +1,47 @@
+"""What the three console scripts share: error handling, exit codes, version, console.
+
+The click layer only parses and renders; library errors (:class:`AiosError`) become one
+line on stderr and their documented exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from aios import CONTRACT_VERSION, __version__
+from aios.errors import AiosError, ExitCode
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 requirements met, 1 not met, 2 usage error, "
+    "3 something required could not be evaluated, 4 unreadable or invalid input."
+)
+
+err_console = Console(stderr=True, highlight=False)
+
+
+class AiosGroup(click.Group):
+    """A click group that turns user-caused errors into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AiosError as e:
+            err_console.print(f"[bold red]error:[/] {e.message}", soft_wrap=True)
+            sys.exit(int(e.exit_code))
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]: nothing was written under the final name.")
+            sys.exit(130)
+
+
+def version_option():
+    return click.version_option(
+        __version__,
+        "--version",
+        message=f"%(prog)s {__version__} (AIOS Model Contract v{CONTRACT_VERSION})",
+    )
+
+
+__all__ = ["AiosGroup", "EXIT_CODES_HELP", "ExitCode", "err_console", "version_option"]

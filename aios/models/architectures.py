@@ -1,0 +1,240 @@
+"""Architecture knowledge as data: one row per architecture, no ``if arch == ...`` elsewhere.
+
+A row says where the FFN input, activation and output live (module names relative to a
+decoder block), which config keys hold the facts, how KV heads and head_dim are derived,
+and which GGUF architecture it maps to. HF -> GGUF tensor names come from gguf-py's
+``TensorNameMap`` (we depend on it rather than copying its tables).
+
+Adding an architecture is adding a row to ``ARCHITECTURES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from aios.errors import UnsupportedArchitectureError
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str  # our row id
+    hf_model_types: tuple[str, ...]  # config.json "model_type" values served by the row
+    gguf_arch: str  # gguf.MODEL_ARCH member name, also the GGUF general.architecture (lower)
+    description: str
+    # --- config keys (first present wins) -------------------------------------------------
+    n_layers_keys: tuple[str, ...]
+    d_model_keys: tuple[str, ...]
+    n_heads_keys: tuple[str, ...]
+    d_ffn_keys: tuple[str, ...]
+    activation_keys: tuple[str, ...]  # the FFN activation's config key(s)
+    default_activation: str  # what the HF code uses when the key is absent
+    d_ffn_default_mult: int = 4  # d_ffn = mult * d_model when no d_ffn key is present
+    kv_heads_keys: tuple[str, ...] = ()  # absent -> n_heads (MHA)
+    mqa_flag_key: str | None = None  # config flag meaning exactly one KV head
+    head_dim_keys: tuple[str, ...] = ("head_dim",)  # absent -> d_model // n_heads
+    parallel_attn_key: str | None = None
+    parallel_attn_default: bool = False
+    tied_key: str = "tie_word_embeddings"
+    tied_default: bool = False
+    context_keys: tuple[str, ...] = ("max_position_embeddings",)
+    # --- selection among rows sharing a model_type --------------------------------------
+    when: Mapping[str, Any] = field(default_factory=dict)  # config values that must match
+    # --- module / tensor layout (relative to one decoder block) -------------------------
+    block_prefix: str = "model.layers.{i}."
+    ffn_up: str = "mlp.up_proj"
+    ffn_gate: str | None = None
+    ffn_down: str = "mlp.down_proj"  # its *input* is the FFN activation output (R1 hook point)
+    ffn_act_module: str = "mlp.act_fn"
+    gated_ffn: bool = False  # act(gate(x)) * up(x); a fused gate_up counts as gated
+    fused_gate_up: bool = False  # one matrix holds [gate; up] (phi3)
+    # matrices that may be shared across layers (R3 candidates), relative names
+    shareable: tuple[str, ...] = ()
+    transposed_linear: bool = False  # gpt2 Conv1D stores weights as [in, out]
+
+    def block(self, i: int, rel: str) -> str:
+        """Full HF module/tensor prefix of relative name ``rel`` in block ``i``."""
+        return self.block_prefix.format(i=i) + rel
+
+
+_LLAMA_KEYS = dict(
+    n_layers_keys=("num_hidden_layers",),
+    d_model_keys=("hidden_size",),
+    n_heads_keys=("num_attention_heads",),
+    d_ffn_keys=("intermediate_size",),
+    kv_heads_keys=("num_key_value_heads",),
+    block_prefix="model.layers.{i}.",
+    ffn_up="mlp.up_proj",
+    ffn_gate="mlp.gate_proj",
+    ffn_down="mlp.down_proj",
+    ffn_act_module="mlp.act_fn",
+    gated_ffn=True,
+    shareable=(
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ),
+)
+
+_FALCON_COMMON = dict(
+    n_layers_keys=("num_hidden_layers", "n_layer"),
+    d_model_keys=("hidden_size",),
+    n_heads_keys=("num_attention_heads", "n_head"),
+    d_ffn_keys=("ffn_hidden_size",),
+    activation_keys=("activation",),
+    default_activation="gelu",
+    kv_heads_keys=("num_kv_heads", "n_head_kv"),
+    block_prefix="transformer.h.{i}.",
+    ffn_up="mlp.dense_h_to_4h",
+    ffn_down="mlp.dense_4h_to_h",
+    ffn_act_module="mlp.act",
+    tied_default=True,
+    context_keys=("max_position_embeddings",),
+    shareable=(
+        "self_attention.query_key_value.weight",
+        "self_attention.dense.weight",
+        "mlp.dense_h_to_4h.weight",
+        "mlp.dense_4h_to_h.weight",
+    ),
+)
+
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture(
+        name="falcon",
+        hf_model_types=("falcon", "RefinedWebModel", "RefinedWeb"),
+        gguf_arch="FALCON",
+        description="Falcon-7B style: multi-query attention, attention and MLP in parallel",
+        mqa_flag_key="multi_query",
+        parallel_attn_key="parallel_attn",
+        parallel_attn_default=True,
+        when={"new_decoder_architecture": False},
+        **_FALCON_COMMON,
+    ),
+    Architecture(
+        name="falcon-new-decoder",
+        hf_model_types=("falcon", "RefinedWeb"),
+        gguf_arch="FALCON",
+        description="Falcon-40B style new decoder: grouped KV heads, two layer norms, parallel",
+        parallel_attn_default=True,  # the new decoder is always parallel
+        when={"new_decoder_architecture": True},
+        **_FALCON_COMMON,
+    ),
+    Architecture(
+        name="llama",
+        hf_model_types=("llama", "mistral", "qwen2"),
+        gguf_arch="LLAMA",
+        description="Llama family: gated SiLU FFN (SwiGLU), RoPE, grouped-query attention",
+        activation_keys=("hidden_act",),
+        default_activation="silu",
+        **_LLAMA_KEYS,
+    ),
+    Architecture(
+        name="gemma2",
+        hf_model_types=("gemma2",),
+        gguf_arch="GEMMA2",
+        description="Gemma-2: gated tanh-GELU FFN (GeGLU), GQA, explicit head_dim",
+        activation_keys=("hidden_activation", "hidden_act"),
+        default_activation="gelu_pytorch_tanh",
+        tied_default=True,
+        **_LLAMA_KEYS,
+    ),
+    Architecture(
+        name="phi3",
+        hf_model_types=("phi3",),
+        gguf_arch="PHI3",
+        description="Phi-3: fused gate_up projection with SiLU gating, fused qkv",
+        activation_keys=("hidden_act",),
+        default_activation="silu",
+        n_layers_keys=("num_hidden_layers",),
+        d_model_keys=("hidden_size",),
+        n_heads_keys=("num_attention_heads",),
+        d_ffn_keys=("intermediate_size",),
+        kv_heads_keys=("num_key_value_heads",),
+        ffn_up="mlp.gate_up_proj",
+        ffn_down="mlp.down_proj",
+        ffn_act_module="mlp.activation_fn",
+        gated_ffn=True,
+        fused_gate_up=True,
+        shareable=("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"),
+    ),
+    Architecture(
+        name="gpt2",
+        hf_model_types=("gpt2",),
+        gguf_arch="GPT2",
+        description="GPT-2: learned positions, MHA, GELU (tanh) FFN, Conv1D weights [in, out]",
+        n_layers_keys=("n_layer",),
+        d_model_keys=("n_embd",),
+        n_heads_keys=("n_head",),
+        d_ffn_keys=("n_inner",),
+        activation_keys=("activation_function",),
+        default_activation="gelu_new",
+        tied_default=True,
+        context_keys=("n_positions", "n_ctx"),
+        block_prefix="transformer.h.{i}.",
+        ffn_up="mlp.c_fc",
+        ffn_down="mlp.c_proj",
+        ffn_act_module="mlp.act",
+        transposed_linear=True,
+        shareable=("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+    ),
+)
+
+# What llama.cpp executes for each GGUF architecture's FFN, whatever the file declares:
+# llama.cpp hard-codes the activation per architecture (DESIGN §4).
+LLAMA_CPP_FFN_ACTIVATION: dict[str, str] = {
+    "falcon": "gelu",
+    "llama": "silu",
+    "gemma2": "gelu_pytorch_tanh",
+    "phi3": "silu",
+    "gpt2": "gelu",
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted({t for a in ARCHITECTURES for t in a.hf_model_types})
+
+
+def for_hf_config(config: Mapping[str, Any]) -> Architecture:
+    """The row serving an HF ``config.json`` (by model_type plus the row's ``when``)."""
+    model_type = config.get("model_type")
+    if not model_type:
+        raise UnsupportedArchitectureError(
+            "config.json has no 'model_type', so the architecture cannot be determined; "
+            "add it (e.g. \"llama\") or pass a supported model."
+        )
+    rows = [a for a in ARCHITECTURES if model_type in a.hf_model_types]
+    for row in rows:
+        if all(bool(config.get(k, False)) == v for k, v in row.when.items()):
+            return row
+    raise UnsupportedArchitectureError(
+        f"Architecture '{model_type}' is not supported; supported model_type values are "
+        f"{', '.join(supported_model_types())}."
+    )
+
+
+def for_gguf_arch(gguf_name: str, has_attn_norm_2: bool = False) -> Architecture:
+    """The row for a GGUF ``general.architecture`` value.
+
+    llama.cpp tells the two Falcon layouts apart by the presence of ``attn_norm_2``
+    tensors, so we do the same.
+    """
+    rows = [a for a in ARCHITECTURES if a.gguf_arch.lower() == gguf_name]
+    if gguf_name == "falcon" and rows:
+        return rows[1] if has_attn_norm_2 else rows[0]
+    if not rows:
+        known = sorted({a.gguf_arch.lower() for a in ARCHITECTURES})
+        raise UnsupportedArchitectureError(
+            f"GGUF architecture '{gguf_name}' is not supported; supported: {', '.join(known)}."
+        )
+    return rows[0]
+
+
+def by_name(name: str) -> Architecture:
+    for a in ARCHITECTURES:
+        if a.name == name:
+            return a
+    raise UnsupportedArchitectureError(f"Unknown architecture row '{name}'.")

@@ -1,0 +1,133 @@
+"""The model handle every command works with: facts, lazy tensors, and a torch module on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from aios.errors import InvalidModelError, WeightsUnavailableError
+from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION, Architecture
+from aios.models.facts import ArchFacts
+from aios.models.hub import fetch_command
+from aios.models.tensors import GGUFStore, SafetensorsStore, TensorInfo
+
+SourceKind = Literal["hf-folder", "gguf", "hub-cache", "alias"]
+
+
+@dataclass
+class ModelHandle:
+    spec: str  # what the user typed
+    kind: SourceKind
+    arch: Architecture
+    facts: ArchFacts
+    config: dict[str, Any]  # HF config.json (or the alias's config, or GGUF-derived values)
+    path: Path | None = None  # folder or .gguf file; None for an alias without weights
+    hub_id: str | None = None
+    store: SafetensorsStore | GGUFStore | None = None
+    notes: list[str] = field(default_factory=list)
+
+    # --- weights -----------------------------------------------------------------------
+    @property
+    def has_weights(self) -> bool:
+        return self.store is not None
+
+    @property
+    def name(self) -> str:
+        return self.hub_id or (self.path.name if self.path else self.spec)
+
+    def fetch_hint(self) -> str:
+        """How to get weights for a handle that has none."""
+        if self.hub_id:
+            return fetch_command(self.hub_id)
+        return "pass a local model folder or .gguf file"
+
+    def require_weights(self, purpose: str) -> None:
+        if not self.has_weights:
+            raise WeightsUnavailableError(
+                f"{purpose} needs the weights of '{self.spec}', which are not on this machine; "
+                f"run `{self.fetch_hint()}` first."
+            )
+
+    def tensor_inventory(self) -> list[TensorInfo]:
+        """Every stored tensor with shape, dtype and bytes, read from headers only."""
+        self.require_weights("The tensor inventory")
+        assert self.store is not None
+        return list(self.store.inventory.values())
+
+    def tensor(self, name: str):
+        """One tensor by its stored name (HF name for folders, GGUF name for .gguf)."""
+        self.require_weights(f"Reading tensor '{name}'")
+        assert self.store is not None
+        return self.store.get(name)
+
+    @property
+    def weight_bytes(self) -> int | None:
+        if not self.has_weights:
+            return None
+        return sum(t.nbytes for t in self.tensor_inventory())
+
+    # --- activation as declared vs as executed ----------------------------------------
+    @property
+    def llama_cpp_activation(self) -> str | None:
+        """What llama.cpp would execute for this architecture's FFN (hard-coded there)."""
+        return LLAMA_CPP_FFN_ACTIVATION.get(self.arch.gguf_arch.lower())
+
+    # --- torch -------------------------------------------------------------------------
+    def load_torch(self, dtype: str = "float32"):
+        """The HF ``nn.Module`` in eval mode, for calibration and perplexity.
+
+        Only safetensors (or GGUF, dequantized by transformers) are loaded; remote code is
+        never trusted.
+        """
+        self.require_weights("Running the model")
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = getattr(torch, dtype)
+        try:
+            if self.kind == "gguf":
+                assert self.path is not None
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(self.path.parent), gguf_file=self.path.name, dtype=torch_dtype
+                )
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(self.path),
+                    dtype=torch_dtype,
+                    trust_remote_code=False,
+                    use_safetensors=True,
+                )
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise InvalidModelError(
+                f"transformers could not load '{self.spec}': {str(e).splitlines()[0][:200]}"
+            ) from e
+        model.eval()
+        return model
+
+    def load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        if self.path is None:
+            self.require_weights("Tokenizing")
+        assert self.path is not None
+        try:
+            if self.kind == "gguf":
+                return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+            return AutoTokenizer.from_pretrained(str(self.path))
+        except (OSError, ValueError, KeyError) as e:
+            raise InvalidModelError(
+                f"No usable tokenizer for '{self.spec}': {str(e).splitlines()[0][:200]}"
+            ) from e
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "kind": self.kind,
+            "path": str(self.path) if self.path else None,
+            "hub_id": self.hub_id,
+            "architecture": self.arch.name,
+            "has_weights": self.has_weights,
+            "facts": self.facts.to_dict(),
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,166 @@
+"""Lazy tensor access: inventories from headers, one tensor at a time on demand.
+
+Nothing here loads a whole model. Safetensors are opened with ``safe_open`` (mmap);
+GGUF files with ``gguf.GGUFReader`` (mmap). Every library error on a bad file becomes
+one :class:`InvalidModelError` sentence naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from aios.errors import InvalidModelError
+
+# bytes per element of safetensors dtype codes
+SAFETENSORS_ITEMSIZE = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+    "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # logical shape in the file's own convention
+    dtype: str  # "F32", "BF16", "Q4_0", ...
+    nbytes: int  # bytes stored in the file
+    file: str  # file name holding it (shard or GGUF)
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+class SafetensorsStore:
+    """Tensors of an HF folder: ``model.safetensors`` or a sharded index."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (ValueError, KeyError, TypeError) as e:
+                raise InvalidModelError(
+                    f"{index} is not a valid safetensors index ({e}); re-download or rewrite it."
+                ) from e
+            self._shards = sorted(set(weight_map.values()))
+            for shard in self._shards:
+                if not (folder / shard).is_file():
+                    raise InvalidModelError(
+                        f"Shard '{shard}' listed in {index.name} is missing from {folder}; "
+                        "the download is incomplete."
+                    )
+        else:
+            self._shards = sorted(p.name for p in folder.glob("*.safetensors"))
+        if not self._shards:
+            raise InvalidModelError(f"{folder} has no .safetensors weights.")
+
+    def _open(self, shard: str):
+        from safetensors import safe_open
+
+        path = self.folder / shard
+        try:
+            return safe_open(str(path), framework="pt")
+        except Exception as e:  # SafetensorError has no stable import path
+            raise InvalidModelError(
+                f"{path} is not a readable safetensors file ({_short(e)}); it may be truncated "
+                "or corrupt: re-download or re-export it."
+            ) from e
+
+    @cached_property
+    def inventory(self) -> dict[str, TensorInfo]:
+        out: dict[str, TensorInfo] = {}
+        for shard in self._shards:
+            with self._open(shard) as f:
+                for name in f.keys():
+                    sl = f.get_slice(name)
+                    shape = tuple(int(d) for d in sl.get_shape())
+                    dtype = str(sl.get_dtype())
+                    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+                    out[name] = TensorInfo(
+                        name, shape, dtype, n * SAFETENSORS_ITEMSIZE.get(dtype, 0), shard
+                    )
+        return out
+
+    def get(self, name: str):
+        """One tensor as a torch tensor (read through mmap; only this tensor is copied)."""
+        info = self.inventory.get(name)
+        if info is None:
+            raise KeyError(name)
+        with self._open(info.file) as f:
+            return f.get_tensor(name)
+
+
+class GGUFStore:
+    """Tensors and metadata of a GGUF file, read with ``gguf.GGUFReader``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise InvalidModelError(
+                f"{path} is not a GGUF file (its first bytes are not the GGUF magic)."
+            )
+        import gguf
+
+        try:
+            self.reader = gguf.GGUFReader(str(path), "r")
+        except Exception as e:  # the reader raises ValueError/IndexError/... on bad bytes
+            raise InvalidModelError(
+                f"{path} is a truncated or corrupt GGUF file ({_short(e)}); re-export it."
+            ) from e
+
+    def field(self, key: str):
+        """A metadata value decoded to Python (str, int, float, list), or None."""
+        f = self.reader.get_field(key)
+        if f is None:
+            return None
+        return f.contents()
+
+    def metadata(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key, f in self.reader.fields.items():
+            if key.startswith("GGUF.") or key.startswith("tokenizer.ggml."):
+                continue
+            out[key] = f.contents()
+        return out
+
+    @cached_property
+    def inventory(self) -> dict[str, TensorInfo]:
+        out: dict[str, TensorInfo] = {}
+        for t in self.reader.tensors:
+            # GGUF lists dims fastest-first; report the numpy (row-major) shape
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            out[t.name] = TensorInfo(
+                t.name, shape, t.tensor_type.name, int(t.n_bytes), self.path.name
+            )
+        return out
+
+    def get(self, name: str) -> np.ndarray:
+        """One tensor, dequantized to float32 by gguf-py."""
+        from gguf import dequantize
+
+        for t in self.reader.tensors:
+            if t.name == name:
+                return dequantize(t.data, t.tensor_type).reshape(
+                    tuple(reversed(t.shape.tolist()))
+                )
+        raise KeyError(name)
+
+    def iter_names(self) -> Iterator[str]:
+        return (t.name for t in self.reader.tensors)
+
+
+def _short(e: Exception) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+    return msg[:160]

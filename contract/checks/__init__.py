@@ -1,0 +1,1 @@
+"""One module per contract requirement, each exposing ``check(model, ctx) -> RequirementResult``."""

@@ -1,0 +1,1 @@
+"""The contract as versioned data (thresholds and formulas live here, nowhere else)."""

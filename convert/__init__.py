@@ -1,0 +1,1 @@
+"""Converters: relufy, sparsity maps, aliasing, low-rank + residual, GGUF export, layout."""

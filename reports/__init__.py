@@ -1,0 +1,1 @@
+"""Report writers: JSON (versioned schema), Markdown, HTML, JUnit, SARIF."""

@@ -1,0 +1,1 @@
+"""numpy/numba engine for converted artifacts, with byte accounting (MB/token)."""
