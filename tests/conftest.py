@@ -1,0 +1,138 @@
+"""Shared test fixtures: tiny models built from configs, GGUF files, a fake HF cache.
+
+Everything is created under ``tmp_path``; nothing touches the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Small configs per architecture row, in the keys each model family really uses.
+TINY_CONFIGS: dict[str, dict] = {
+    "falcon": dict(model_type="falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   multi_query=True, parallel_attn=True, new_decoder_architecture=False,
+                   ffn_hidden_size=160, activation="gelu", vocab_size=128, bias=False, alibi=False),
+    "falcon-new-decoder": dict(model_type="falcon", hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=8, num_kv_heads=2, new_decoder_architecture=True,
+                               ffn_hidden_size=128, activation="gelu", vocab_size=128, bias=False,
+                               alibi=False),
+    "llama": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=96, hidden_act="silu", vocab_size=128),
+    "mistral": dict(model_type="mistral", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=1, intermediate_size=96, hidden_act="silu", vocab_size=128),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=96, hidden_act="silu", vocab_size=128),
+    "gemma2": dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, intermediate_size=96,
+                   hidden_activation="gelu_pytorch_tanh", vocab_size=128),
+    "phi3": dict(model_type="phi3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, intermediate_size=96, hidden_act="silu", vocab_size=128,
+                 pad_token_id=0),
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                 activation_function="gelu_new", vocab_size=128),
+}  # fmt: skip
+
+
+def build_hf_model(kind: str, folder: Path, *, shard_kb: int | None = None, **overrides) -> Path:
+    """A randomly initialised tiny HF model of architecture ``kind`` saved as safetensors."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(TINY_CONFIGS[kind], **overrides)
+    config = AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    kwargs = {"max_shard_size": f"{shard_kb}KB"} if shard_kb else {}
+    model.save_pretrained(folder, safe_serialization=True, **kwargs)
+    return folder
+
+
+@pytest.fixture
+def hf_model(tmp_path):
+    """Factory: ``hf_model("llama")`` -> folder of a saved tiny model."""
+
+    def make(kind: str = "llama", name: str | None = None, **kw) -> Path:
+        return build_hf_model(kind, tmp_path / (name or kind), **kw)
+
+    return make
+
+
+def write_gguf(path: Path, *, arch: str = "falcon", activation: str | None = None,
+               n_layers: int = 2, d: int = 32, heads: int = 4, kv: int = 1, ffn: int = 64) -> Path:
+    """A small, valid GGUF with the standard keys and tensor names of ``arch``."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_context_length(128)
+    if activation:
+        w.add_string("aios.ffn_activation", activation)
+    w.add_tensor("token_embd.weight", rng.standard_normal((50, d), dtype=np.float32))
+    hd = d // heads
+    for i in range(n_layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
+        w.add_tensor(f"blk.{i}.attn_qkv.weight", rng.standard_normal(((heads + 2 * kv) * hd, d), dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_output.weight", rng.standard_normal((d, d), dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rng.standard_normal((ffn, d), dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rng.standard_normal((d, ffn), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def gguf_file(tmp_path):
+    def make(name: str = "model.gguf", **kw) -> Path:
+        return write_gguf(tmp_path / name, **kw)
+
+    return make
+
+
+def populate_fake_hub_cache(cache: Path, hub_id: str, source: Path, revision_sha: str | None = None) -> Path:
+    """Lay ``source``'s files out exactly as huggingface_hub's cache does.
+
+    ``models--org--name/blobs/<sha256>`` hold the bytes, ``snapshots/<commit>/<file>`` are
+    relative symlinks to them, and ``refs/main`` holds the commit hash.
+    """
+    repo = cache / ("models--" + hub_id.replace("/", "--"))
+    commit = revision_sha or hashlib.sha1(hub_id.encode()).hexdigest()
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in sorted(source.iterdir()):
+        if not f.is_file():
+            continue
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            shutil.copyfile(f, blob)
+        link = snap / f.name
+        if link.exists() or link.is_symlink():
+            link.unlink()
+        os.symlink(os.path.relpath(blob, snap), link)
+    (repo / "refs" / "main").write_text(commit)
+    return snap
+
+
+@pytest.fixture
+def clean_hf_env(monkeypatch, tmp_path):
+    """No HF cache variables from the outer environment; an empty cache under tmp_path."""
+    for var in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return tmp_path / "hf-home" / "hub"
