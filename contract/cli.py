@@ -92,6 +92,79 @@ def inspect(model: str, as_json: bool, max_tensors: int) -> None:
     )
 
 
+STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "not_measured": "yellow", "error": "bold magenta"}
+
+
+@main.command()
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("--calibration", type=click.Path(dir_okay=False), help="JSONL (text field) or TXT prompts; default: bundled set.")
+@click.option("--samples", type=int, default=None, help="Use only the first N calibration samples.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample.")
+@click.option("--require-tier", type=click.Choice(["compatible", "optimized", "native", "native+"]), default=None,
+              help="Exit 1 unless the model reaches this tier.")
+@click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
+@click.option("--context", type=int, default=4096, show_default=True, help="Context length for KV bytes and the projection.")
+@click.option("--format", "formats", default="json,md,junit", show_default=True, help="Report formats written to -o DIR.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the reports (default: print only).")
+def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, out_dir) -> None:
+    """Score MODEL against R1-R5 by measurement; the exit code is the CI gate.
+
+    Without --require-tier/--require the exit code is 0 whenever the check ran.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from aios.errors import UsageError
+    from contract.check import check_model
+    from reports.check_reports import FORMATS, write_reports
+
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad:
+        raise UsageError(f"Unknown report format {', '.join(bad)}; choose from {', '.join(FORMATS)}.")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(desc: str, done: int, total: int) -> None:
+            if desc not in tasks:
+                tasks[desc] = bar.add_task(desc, total=total)
+            bar.update(tasks[desc], completed=done, total=total)
+
+        report = check_model(model, calibration=calibration, samples=samples, max_tokens=max_tokens,
+                             context=context, require_tier=require_tier,
+                             require=require.split(",") if require else [], progress=progress)
+    _render_check(report)
+    if out_dir:
+        for p in write_reports(report, out_dir, fmts):
+            console.print(f"wrote {p}")
+    sys.exit(report.gate.exit_code)
+
+
+def _render_check(report) -> None:
+    t = Table(title=f"AIOS Model Contract v{report.contract_version} — {report.model['spec']}")
+    for col in ("Req", "Status", "Evidence", "Result"):
+        t.add_column(col)
+    for r in report.requirements:
+        s = r.status.value
+        t.add_row(f"{r.id} {r.title}", f"[{STATUS_STYLE[s]}]{s}[/]", r.evidence.value, r.summary)
+    console.print(t)
+    for r in report.requirements:
+        if r.formula:
+            console.print(f"  {r.id}: {r.formula}")
+        if r.command:
+            console.print(f"  {r.id}: to measure, run `{r.command}`")
+    p = report.projection
+    if p:
+        spec = (f"{p.spec_projected_reduction[0]:.0%}–{p.spec_projected_reduction[1]:.0%}"
+                if p.spec_projected_reduction else "n/a")
+        console.print(f"Projected MB/token (context {p.context}): {p.projected_mb_per_token:.3f} vs "
+                      f"{p.baseline_mb_per_token:.3f} baseline, reduction {p.projected_reduction:.1%} "
+                      f"[dim](projected, not measured; the contract claims {spec} for this tier)[/]")
+    console.print(f"[bold]Tier: {report.tier_name}[/] · gate: {report.gate.reason} · exit {report.gate.exit_code} "
+                  f"· {report.seconds:.1f} s")
+
+
 @main.command()
 @click.argument("model")
 @click.option("--revision", default="main", show_default=True)

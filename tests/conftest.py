@@ -136,3 +136,28 @@ def clean_hf_env(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     return tmp_path / "hf-home" / "hub"
+
+
+def write_word_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
+    """A tiny word-level tokenizer (trained by ``tokenizers`` on the calibration set)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from aios.data import load_texts
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(load_texts(), trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["<unk>"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def lm(tmp_path):
+    """Factory: a tiny random HF model *with* a tokenizer, ready for measured checks."""
+
+    def make(kind: str = "llama", name: str | None = None, **kw) -> Path:
+        folder = build_hf_model(kind, tmp_path / (name or kind), **kw)
+        return write_word_tokenizer(folder, TINY_CONFIGS[kind].get("vocab_size", 128))
+
+    return make

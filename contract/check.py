@@ -1,0 +1,106 @@
+"""``check_model``: run the requirement checks, assign the tier, project, and gate."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from aios import CONTRACT_VERSION, __version__
+from aios.data import CALIBRATION_FILE, load_texts, texts_sha256
+from aios.errors import AiosError, ExitCode, UsageError
+from aios.models import ModelHandle, resolve_model
+from contract.checks import CHECKS, REQUIREMENT_IDS
+from contract.checks.base import CheckContext, Progress, _no_progress
+from contract.projection import project
+from contract.result import CheckReport, Evidence, Gate, RequirementResult, Status
+from contract.spec import tiers
+
+TIER_IDS = tuple(t["id"] for t in tiers())
+
+
+def assign_tier(results: dict[str, RequirementResult]) -> dict:
+    """The highest tier whose required requirements all pass."""
+    best = tiers()[0]
+    for t in tiers():
+        if all(results[r].status == Status.passed for r in t["requires"]):
+            best = t
+    return best
+
+
+def gate(results: dict[str, RequirementResult], required_tier: str | None, required: list[str]) -> Gate:
+    needed = list(dict.fromkeys(
+        (next(t["requires"] for t in tiers() if t["id"] == required_tier) if required_tier else []) + required
+    ))
+    if not required_tier and not required:
+        return Gate(exit_code=int(ExitCode.OK), reason="no gate requested (use --require-tier or --require)")
+    failed = [r for r in needed if results[r].status == Status.failed]
+    unknown = [r for r in needed if results[r].status in (Status.not_measured, Status.error)]
+    if failed:
+        return Gate(required_tier=required_tier, required=needed, met=False, exit_code=int(ExitCode.NOT_MET),
+                    reason=f"required {', '.join(failed)} failed")
+    if unknown:
+        return Gate(required_tier=required_tier, required=needed, met=None,
+                    exit_code=int(ExitCode.NOT_EVALUATED),
+                    reason=f"required {', '.join(unknown)} could not be evaluated")
+    what = f"tier '{required_tier}'" if required_tier else ", ".join(needed)
+    return Gate(required_tier=required_tier, required=needed, met=True, exit_code=int(ExitCode.OK),
+                reason=f"{what} met")
+
+
+def check_model(
+    model: str | ModelHandle,
+    *,
+    calibration: str | None = None,
+    samples: int | None = None,
+    max_tokens: int = 128,
+    context: int = 4096,
+    require_tier: str | None = None,
+    require: list[str] | None = None,
+    progress: Progress = _no_progress,
+) -> CheckReport:
+    """Score ``model`` against R1–R5. Library entry point behind ``aios-contract check``."""
+    t0 = time.perf_counter()
+    require = [r.strip().upper() for r in (require or []) if r.strip()]
+    bad = [r for r in require if r not in REQUIREMENT_IDS]
+    if bad:
+        raise UsageError(f"Unknown requirement {', '.join(bad)}; choose from {', '.join(REQUIREMENT_IDS)}.")
+    if require_tier is not None and require_tier not in TIER_IDS:
+        raise UsageError(f"Unknown tier '{require_tier}'; choose from {', '.join(TIER_IDS)}.")
+    if context <= 0 or max_tokens <= 0 or (samples is not None and samples <= 0):
+        raise UsageError("--context, --max-tokens and --samples must be positive.")
+    handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    texts = load_texts(calibration, limit=samples)
+    ctx = CheckContext(calibration_texts=texts, calibration_source=str(calibration or CALIBRATION_FILE.name),
+                       max_tokens=max_tokens, context=context, progress=progress)
+    results: dict[str, RequirementResult] = {}
+    for rid, fn in CHECKS:
+        try:
+            results[rid] = fn(handle, ctx)
+        except AiosError:
+            raise
+        except Exception as e:  # a bug or an unexpected model quirk: report, don't crash the gate
+            results[rid] = RequirementResult(
+                id=rid, title=rid, status=Status.error, summary=f"{rid} check failed: {e.__class__.__name__}: {e}",
+                criterion="", evidence=Evidence.declared, reason=str(e),
+            )
+    tier = assign_tier(results)
+    stats = ctx.cache.get("ffn_activity")
+    return CheckReport(
+        tool_version=__version__,
+        contract_version=CONTRACT_VERSION,
+        created_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        model=handle.describe(),
+        calibration={
+            "source": ctx.calibration_source,
+            "samples": len(texts),
+            "sha256": texts_sha256(texts),
+            "max_tokens": max_tokens,
+            "tokens": stats.tokens if stats else 0,
+        },
+        requirements=[results[r] for r in REQUIREMENT_IDS],
+        tier=tier["id"],
+        tier_name=tier["name"],
+        projection=project(handle, results, context, tier["id"]),
+        gate=gate(results, require_tier, require),
+        seconds=round(time.perf_counter() - t0, 3),
+    )

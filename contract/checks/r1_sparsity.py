@@ -1,0 +1,104 @@
+"""R1: the FFN activation yields exact zeros for ≥ 70 % of activations (measured)."""
+
+from __future__ import annotations
+
+import time
+
+from aios.errors import AiosError
+from aios.models import ModelHandle
+from contract.checks.base import CheckContext
+from contract.measure.ffn import FfnActivity, measure_ffn_activity
+from contract.result import Evidence, Metric, RequirementResult, Status
+
+ID, TITLE = "R1", "Exact-zero FFN activations"
+
+
+def activation_is_relu_family(activation: str, threshold: float | None, family: list[str]) -> tuple[bool, str]:
+    act = activation.lower()
+    if act not in family:
+        return False, f"'{activation}' is smooth: it never yields exact zeros"
+    if act == "fatrelu" and threshold is None:
+        return False, "thresholded ReLU without a declared threshold"
+    return True, f"'{activation}' is ReLU-family"
+
+
+def activity(handle: ModelHandle, ctx: CheckContext) -> FfnActivity:
+    """Measured FFN statistics, computed once per check run and shared (projection, maps)."""
+    if "ffn_activity" not in ctx.cache:
+        n = len(ctx.calibration_texts)
+        ctx.cache["ffn_activity"] = measure_ffn_activity(
+            handle,
+            ctx.calibration_texts,
+            max_tokens=ctx.max_tokens,
+            eps=ctx.spec(ID)["near_zero_eps"],
+            progress=lambda done, _tot: ctx.progress("R1: running calibration prompts", done, n),
+        )
+    return ctx.cache["ffn_activity"]
+
+
+def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
+    t0 = time.perf_counter()
+    spec = ctx.spec(ID)
+    floor = spec["min_mean_zero_fraction"]
+    f = handle.facts
+    criterion = (
+        f"ReLU-family activation ({', '.join(spec['relu_family'])}) and mean exact-zero fraction "
+        f"of FFN activations over layers ≥ {floor:.2f}"
+    )
+    relu, why = activation_is_relu_family(f.activation, f.activation_threshold, spec["relu_family"])
+    declared = Metric(name="ffn_activation", value=f.activation, evidence=Evidence.declared, note=f"from {f.activation_key}")
+    base = dict(id=ID, title=TITLE, criterion=criterion)
+    if not handle.has_weights:
+        if not relu:
+            return RequirementResult(
+                **base, status=Status.failed, evidence=Evidence.declared, metrics=[declared],
+                summary=f"Declared activation {why}; R1 cannot pass without retraining (aios-convert relufy).",
+            )
+        return RequirementResult(
+            **base, status=Status.not_measured, evidence=Evidence.declared, metrics=[declared],
+            summary="ReLU-family activation declared, but the zero fraction needs the weights.",
+            reason="weights not on this machine", command=handle.fetch_hint(),
+        )
+    try:
+        stats = activity(handle, ctx)
+    except AiosError:
+        raise
+    mean = stats.mean_zero_fraction
+    metrics = [
+        declared,
+        Metric(name="mean_exact_zero_fraction", value=round(mean, 6), evidence=Evidence.measured),
+        Metric(name="mean_near_zero_fraction", value=round(stats.mean_near_zero_fraction, 6),
+               evidence=Evidence.measured, note=f"|x| < {stats.eps:g}; information only, not exact zeros"),
+        Metric(name="calibration_tokens", value=stats.tokens, evidence=Evidence.measured),
+        Metric(name="min_layer_exact_zero_fraction", value=round(float(stats.zero_fraction.min()), 6),
+               evidence=Evidence.measured),
+    ]
+    details = {
+        "per_layer_exact_zero_fraction": [round(float(x), 6) for x in stats.zero_fraction],
+        "per_layer_near_zero_fraction": [round(float(x), 6) for x in stats.near_zero_fraction],
+        "hook": f"input of {handle.arch.ffn_down} in every block",
+        # distribution of per-neuron firing frequencies (for sparsity maps / plots)
+        "neuron_frequency_deciles": [
+            [round(float(q), 4) for q in _deciles(row)] for row in stats.neuron_frequency
+        ],
+    }
+    passed = relu and mean >= floor
+    if passed:
+        summary = f"{mean:.1%} of FFN activations are exact zeros (≥ {floor:.0%})."
+    elif not relu:
+        summary = (f"Declared activation {why}: measured exact zeros {mean:.2%}, near-zero "
+                   f"{stats.mean_near_zero_fraction:.1%}; relufy to pass.")
+    else:
+        summary = f"Only {mean:.1%} of FFN activations are exact zeros (needs ≥ {floor:.0%})."
+    return RequirementResult(
+        **base, status=Status.passed if passed else Status.failed, evidence=Evidence.measured,
+        metrics=metrics, details=details, summary=summary,
+        formula="mean over layers of (#x == 0) / (tokens × d_ffn), x = input of the FFN output projection",
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _deciles(row):
+    import numpy as np
+
+    return np.quantile(row, np.linspace(0, 1, 11))

@@ -1,0 +1,50 @@
+"""R2: bounded KV cache (MQA or GQA with ≤ 2 KV heads; ≤ 64 MiB at 4K context). Analytic."""
+
+from __future__ import annotations
+
+from aios.models import ModelHandle
+from contract.checks.base import CheckContext, fmt_bytes
+from contract.result import Evidence, Metric, RequirementResult, Status
+
+ID, TITLE = "R2", "Bounded KV cache"
+
+
+def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, context: int, elem_bytes: int = 2) -> int:
+    """K and V for every layer at ``context`` tokens: L × H_kv × d_head × C × 2 × elem_bytes."""
+    return n_layers * n_kv_heads * head_dim * context * 2 * elem_bytes
+
+
+def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
+    spec = ctx.spec(ID)
+    f = handle.facts
+    c_spec = spec["context"]
+    limit = spec["max_kv_bytes"]
+    at_spec = kv_bytes(f.n_layers, f.n_kv_heads, f.head_dim, c_spec, spec["bytes_per_kv_element"])
+    at_ctx = kv_bytes(f.n_layers, f.n_kv_heads, f.head_dim, ctx.context, spec["bytes_per_kv_element"])
+    formula = (f"KV_bytes = L × H_kv × d_head × C × 4 = {f.n_layers} × {f.n_kv_heads} × {f.head_dim} × "
+               f"{c_spec} × 4 = {at_spec:,} B ({fmt_bytes(at_spec)})")
+    ok_heads = f.n_kv_heads <= spec["max_kv_heads"]
+    ok_bytes = at_spec <= limit
+    metrics = [
+        Metric(name="kv_heads", value=f.n_kv_heads, evidence=Evidence.declared),
+        Metric(name="attention_kind", value=f.attention_kind, evidence=Evidence.declared),
+        Metric(name="kv_bytes_at_4096", value=at_spec, unit="B", evidence=Evidence.analytic),
+        Metric(name="kv_mib_at_4096", value=round(at_spec / 2**20, 3), unit="MiB", evidence=Evidence.analytic),
+        Metric(name="kv_bytes_per_token", value=at_spec // c_spec, unit="B", evidence=Evidence.analytic),
+        Metric(name=f"kv_bytes_at_{ctx.context}", value=at_ctx, unit="B", evidence=Evidence.analytic),
+    ]
+    passed = ok_heads and ok_bytes
+    if passed:
+        summary = f"{f.attention_kind} with {f.n_kv_heads} KV head(s): {fmt_bytes(at_spec)} at 4K context (≤ 64 MiB)."
+    else:
+        parts = []
+        if not ok_heads:
+            parts.append(f"{f.n_kv_heads} KV heads ({f.attention_kind}; needs ≤ {spec['max_kv_heads']})")
+        if not ok_bytes:
+            parts.append(f"{fmt_bytes(at_spec)} at 4K context (needs ≤ 64 MiB)")
+        summary = "KV cache not bounded: " + " and ".join(parts) + "."
+    return RequirementResult(
+        id=ID, title=TITLE, status=Status.passed if passed else Status.failed,
+        evidence=Evidence.analytic, metrics=metrics, formula=formula, summary=summary,
+        criterion=f"MQA or GQA with ≤ {spec['max_kv_heads']} KV heads, and KV_bytes at C = {c_spec} ≤ 64 MiB (K and V, fp16)",
+    )

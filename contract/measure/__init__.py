@@ -1,0 +1,1 @@
+"""Measurements that run the model (shared by the checker and the converters)."""

@@ -1,0 +1,116 @@
+"""Writers for ``aios-contract check`` reports: JSON (versioned schema), Markdown, JUnit XML."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from aios.io import write_atomic
+from contract.result import CheckReport, Status, report_json_schema
+
+FORMATS = ("json", "md", "junit")
+FILE_NAMES = {"json": "aios-report.json", "md": "aios-report.md", "junit": "aios-report.junit.xml"}
+ICON = {Status.passed: "✅ pass", Status.failed: "❌ fail", Status.not_measured: "⚪ not measured", Status.error: "⚠️ error"}
+
+
+def to_json(report: CheckReport) -> str:
+    return report.model_dump_json(indent=2)
+
+
+def schema_json() -> str:
+    return json.dumps(report_json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def _value(m) -> str:
+    v = m.value
+    if isinstance(v, float):
+        v = f"{v:.4g}"
+    elif isinstance(v, int) and not isinstance(v, bool):
+        v = f"{v:,}"
+    return f"{v} {m.unit}".strip()
+
+
+def to_markdown(report: CheckReport) -> str:
+    """GitHub-flavoured Markdown, fit for ``$GITHUB_STEP_SUMMARY``."""
+    m = report.model
+    lines = [
+        f"## AIOS Model Contract v{report.contract_version}: `{m['spec']}`",
+        "",
+        f"**Tier: {report.tier_name}** · gate: {report.gate.reason} (exit {report.gate.exit_code}) · "
+        f"{report.seconds:.1f} s · aios-contract {report.tool_version}",
+        "",
+        "| Req | Status | Evidence | Result |",
+        "|---|---|---|---|",
+    ]
+    for r in report.requirements:
+        lines.append(f"| {r.id} {r.title} | {ICON[r.status]} | {r.evidence.value} | {r.summary} |")
+    lines += ["", "### Numbers", "", "| Req | Metric | Value | Evidence |", "|---|---|---|---|"]
+    for r in report.requirements:
+        for met in r.metrics:
+            lines.append(f"| {r.id} | {met.name} | {_value(met)} | {met.evidence.value} |")
+    lines += ["", "### Formulas and criteria", ""]
+    for r in report.requirements:
+        lines.append(f"- **{r.id}** criterion: {r.criterion}")
+        if r.formula:
+            lines.append(f"  - formula: `{r.formula}`")
+        if r.command:
+            lines.append(f"  - to measure: `{r.command}`")
+    p = report.projection
+    if p:
+        spec = (f"{p.spec_projected_reduction[0]:.0%}–{p.spec_projected_reduction[1]:.0%}"
+                if p.spec_projected_reduction else "n/a")
+        lines += [
+            "", f"### MB/token (projected, context {p.context})", "",
+            "| Term | Baseline MB | Projected MB | Basis |", "|---|---|---|---|",
+        ]
+        for t in p.terms:
+            lines.append(f"| {t.term} | {t.baseline_bytes / 1e6:.3f} | {t.projected_bytes / 1e6:.3f} | {t.basis} |")
+        lines += [
+            "",
+            f"Projected: **{p.projected_mb_per_token:.3f} MB/token** vs {p.baseline_mb_per_token:.3f} baseline "
+            f"(reduction {p.projected_reduction:.1%}; the contract's claim for {report.tier_name}: {spec}). "
+            f"_{p.note}_",
+        ]
+    if report.calibration:
+        c = report.calibration
+        lines += ["", f"Calibration: {c['samples']} samples from {c['source']}, {c['tokens']:,} tokens "
+                      f"(≤ {c['max_tokens']} per sample), sha256 `{c['sha256'][:12]}`."]
+    return "\n".join(lines) + "\n"
+
+
+def to_junit(report: CheckReport) -> str:
+    """One testcase per requirement; fail → <failure>, not_measured → <skipped>, error → <error>."""
+    suite = ET.Element("testsuite", {
+        "name": f"aios-contract {report.model['spec']}",
+        "tests": str(len(report.requirements)),
+        "failures": str(sum(r.status == Status.failed for r in report.requirements)),
+        "errors": str(sum(r.status == Status.error for r in report.requirements)),
+        "skipped": str(sum(r.status == Status.not_measured for r in report.requirements)),
+        "time": f"{report.seconds:.3f}",
+    })
+    for r in report.requirements:
+        case = ET.SubElement(suite, "testcase", {
+            "classname": f"aios.contract.v{report.contract_version}", "name": f"{r.id} {r.title}",
+            "time": f"{r.seconds:.3f}",
+        })
+        body = "\n".join([r.summary, f"criterion: {r.criterion}"] + [f"{m.name} = {_value(m)} ({m.evidence.value})" for m in r.metrics])
+        if r.status == Status.failed:
+            ET.SubElement(case, "failure", {"message": r.summary}).text = body
+        elif r.status == Status.error:
+            ET.SubElement(case, "error", {"message": r.summary}).text = body
+        elif r.status == Status.not_measured:
+            ET.SubElement(case, "skipped", {"message": f"{r.summary} {r.command or ''}".strip()})
+        ET.SubElement(case, "system-out").text = body
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+RENDERERS = {"json": to_json, "md": to_markdown, "junit": to_junit}
+
+
+def write_reports(report: CheckReport, out_dir: str | Path, formats: list[str]) -> list[Path]:
+    out = Path(out_dir)
+    return [write_atomic(out / FILE_NAMES[f], RENDERERS[f](report)) for f in formats]

@@ -1,0 +1,56 @@
+"""``aios-contract check``: exit codes as the CI gate, report files and their schemas."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+from click.testing import CliRunner
+from junitparser import JUnitXml
+
+from contract.cli import main
+from contract.spec import SPEC_DIR
+from reports.check_reports import schema_json
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["check", *args])
+
+
+def test_gate_exit_codes(lm, tmp_path):
+    gelu = str(lm("falcon"))
+    fast = ["--samples", "4", "--max-tokens", "16"]
+    assert run(gelu, *fast, "--require-tier", "optimized").exit_code == 1
+    assert run(gelu, *fast, "--require", "R2,R4").exit_code == 0
+    assert run(gelu, *fast).exit_code == 0  # no gate requested
+    assert run("relullama-7b", "--require", "R1").exit_code == 3  # measured, no weights
+    assert run("falcon-7b", "--require-tier", "native").exit_code == 1  # R1 fails (declared GELU)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x01" * 20)
+    res = run(str(bad))
+    assert res.exit_code == 4 and "Traceback" not in res.output
+    assert run(gelu, "--require", "R9").exit_code == 2
+    assert run(gelu, "--format", "pdf").exit_code == 2
+    assert run(gelu, "--calibration", str(tmp_path / "missing.jsonl")).exit_code == 4
+
+
+def test_reports_validate(lm, tmp_path):
+    out = tmp_path / "reports"
+    res = run(str(lm("falcon")), "--samples", "4", "--max-tokens", "16", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "aios-report.json").read_text())
+    jsonschema.validate(data, json.loads(schema_json()))
+    assert {r["id"]: r["status"] for r in data["requirements"]}["R2"] == "pass"
+    for r in data["requirements"]:
+        for m in r["metrics"]:
+            assert m["evidence"] in {"measured", "analytic", "declared", "projected"}
+    xml = JUnitXml.fromfile(str(out / "aios-report.junit.xml"))
+    cases = [c for suite in xml for c in suite]
+    assert len(cases) == 5
+    md = (out / "aios-report.md").read_text()
+    assert "| R1" in md and "projected" in md.lower()
+    assert not list(out.glob(".*tmp"))  # atomic writes leave no temp files
+
+
+def test_committed_schema_is_current():
+    assert (SPEC_DIR / "report.schema.json").read_text() == schema_json()
