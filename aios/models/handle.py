@@ -61,6 +61,25 @@ class ModelHandle:
         assert self.store is not None
         return self.store.get(name)
 
+    def stored_name(self, hf_name: str) -> str | None:
+        """The name under which this handle stores the HF tensor ``hf_name`` (None if absent).
+
+        GGUF files use llama.cpp names; the mapping comes from gguf-py's TensorNameMap.
+        """
+        if self.kind != "gguf":
+            return hf_name if self.store and hf_name in self.store.inventory else None
+        import gguf
+
+        tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[self.arch.gguf_arch], self.facts.n_layers)
+        name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        return name if name and self.store and name in self.store.inventory else None
+
+    def tensor_rows(self, name: str, start: int, stop: int):
+        """Rows ``start:stop`` of a stored 2-D tensor as float32 numpy (streaming reads)."""
+        self.require_weights(f"Reading tensor '{name}'")
+        assert self.store is not None
+        return self.store.get_rows(name, start, stop)
+
     @property
     def weight_bytes(self) -> int | None:
         if not self.has_weights:

@@ -91,6 +91,13 @@ class SafetensorsStore:
                     )
         return out
 
+    def get_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a 2-D tensor as float32 numpy, reading only those rows."""
+        info = self.inventory[name]
+        with self._open(info.file) as f:
+            t = f.get_slice(name)[start:stop]
+        return t.float().numpy()
+
     def get(self, name: str):
         """One tensor as a torch tensor (read through mmap; only this tensor is copied)."""
         info = self.inventory.get(name)
@@ -156,6 +163,10 @@ class GGUFStore:
                     tuple(reversed(t.shape.tolist()))
                 )
         raise KeyError(name)
+
+    def get_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows of a 2-D tensor as float32 (quantized types are dequantized per tensor)."""
+        return self.get(name)[start:stop]
 
     def iter_names(self) -> Iterator[str]:
         return (t.name for t in self.reader.tensors)
