@@ -12,6 +12,17 @@ from aios.models.facts import ArchFacts
 from aios.models.hub import fetch_command
 from aios.models.tensors import GGUFStore, SafetensorsStore, TensorInfo
 
+def _mem_available() -> int:
+    """MemAvailable from /proc/meminfo in bytes (fallback: 8 GiB)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
 SourceKind = Literal["hf-folder", "gguf", "hub-cache", "alias"]
 
 
@@ -93,29 +104,50 @@ class ModelHandle:
         return LLAMA_CPP_FFN_ACTIVATION.get(self.arch.gguf_arch.lower())
 
     # --- torch -------------------------------------------------------------------------
-    def load_torch(self, dtype: str = "float32"):
+    def load_plan(self, available: int | None = None) -> dict[str, Any]:
+        """How to fit the model in memory: float32, else bfloat16, else disk offload.
+
+        ``available`` defaults to MemAvailable; a plan keeps 40 % of it free for activations
+        and the rest of the process.
+        """
+        params = sum(t.n_elements for t in self.tensor_inventory())
+        avail = available if available is not None else _mem_available()
+        budget = int(0.6 * avail)
+        if params * 4 <= budget:
+            return {"dtype": "float32", "offload": False, "params": params, "budget": budget}
+        if params * 2 <= budget:
+            return {"dtype": "bfloat16", "offload": False, "params": params, "budget": budget}
+        return {"dtype": "bfloat16", "offload": True, "params": params, "budget": budget}
+
+    def load_torch(self, dtype: str | None = None, available: int | None = None):
         """The HF ``nn.Module`` in eval mode, for calibration and perplexity.
 
         Only safetensors (or GGUF, dequantized by transformers) are loaded; remote code is
-        never trusted.
+        never trusted. Without ``dtype`` the plan of :meth:`load_plan` is used: models
+        larger than RAM run layer by layer with weights offloaded to disk (accelerate).
         """
         self.require_weights("Running the model")
+        import tempfile
+
         import torch
         from transformers import AutoModelForCausalLM
 
-        torch_dtype = getattr(torch, dtype)
+        plan = self.load_plan(available) if dtype is None else {"dtype": dtype, "offload": False}
+        kwargs: dict[str, Any] = {"dtype": getattr(torch, plan["dtype"])}
+        if plan["offload"]:
+            self._offload_dir = tempfile.TemporaryDirectory(prefix="aios-offload-")
+            kwargs.update(device_map="auto", offload_folder=self._offload_dir.name,
+                          max_memory={"cpu": plan["budget"]})
+            self.notes.append(f"Model larger than memory: running with disk offload ({plan['params']:,} params).")
         try:
             if self.kind == "gguf":
                 assert self.path is not None
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(self.path.parent), gguf_file=self.path.name, dtype=torch_dtype
+                    str(self.path.parent), gguf_file=self.path.name, **kwargs
                 )
             else:
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(self.path),
-                    dtype=torch_dtype,
-                    trust_remote_code=False,
-                    use_safetensors=True,
+                    str(self.path), trust_remote_code=False, use_safetensors=True, **kwargs
                 )
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise InvalidModelError(

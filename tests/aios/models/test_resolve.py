@@ -251,3 +251,25 @@ def test_gguf_unsupported_arch(tmp_path):
     w.close()
     with pytest.raises(UnsupportedArchitectureError, match="rwkv6"):
         resolve_model(str(p))
+
+
+# --- memory plan -----------------------------------------------------------------------
+
+
+def test_load_plan_steps_down_to_offload(hf_model):
+    h = resolve_model(str(hf_model("llama")))
+    params = sum(t.n_elements for t in h.tensor_inventory())
+    assert h.load_plan(available=params * 100)["dtype"] == "float32"
+    assert h.load_plan(available=params * 4)["dtype"] == "bfloat16"
+    plan = h.load_plan(available=params * 2)
+    assert plan["offload"]
+
+
+def test_offloaded_model_runs_and_matches(hf_model):
+    h = resolve_model(str(hf_model("llama")))
+    params = sum(t.n_elements for t in h.tensor_inventory())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    ref = h.load_torch(dtype="bfloat16")(input_ids=ids).logits
+    off = h.load_torch(available=params * 2)(input_ids=ids).logits
+    assert any("offload" in n for n in h.notes)
+    torch.testing.assert_close(off, ref, rtol=1e-2, atol=1e-2)
