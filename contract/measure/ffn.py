@@ -68,43 +68,61 @@ def measure_ffn_activity(
     *,
     max_tokens: int = 128,
     eps: float = 1e-3,
+    batch_size: int = 16,
     model=None,
     tokenizer=None,
     progress: Callable[[int, int], None] | None = None,
 ) -> FfnActivity:
-    """Run ``texts`` (one sequence each, truncated to ``max_tokens``) and count FFN zeros."""
+    """Run ``texts`` (one sequence each, truncated to ``max_tokens``) and count FFN zeros.
+
+    Sequences are batched by similar length and right-padded; padded positions are masked
+    out of every count (with causal attention they do not affect the real positions).
+    """
     import torch
 
     model = model if model is not None else handle.load_torch()
     tokenizer = tokenizer if tokenizer is not None else handle.load_tokenizer()
     arch, facts = handle.arch, handle.facts
     stats = FfnActivity(facts.n_layers, facts.d_ffn, eps=eps)
+    current_mask: list = [None]  # (B, T) bool of real tokens for the running batch
     hooks = []
 
     def make_hook(layer: int):
         def hook(_module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1])  # (tokens, d_ffn)
-            is_zero = x == 0
+            x = args[0].detach()  # (B, T, d_ffn)
+            x = x[current_mask[0]] if current_mask[0] is not None else x.reshape(-1, x.shape[-1])
+            is_zero = x == 0  # (tokens, d_ffn)
             stats.zeros[layer] += int(is_zero.sum())
             stats.near_zeros[layer] += int((x.abs() < eps).sum())
             stats.neuron_active[layer] += (~is_zero).sum(0).cpu().numpy()
 
         return hook
 
+    encoded = [
+        tokenizer(t, truncation=True, max_length=max_tokens, add_special_tokens=True)["input_ids"]
+        for t in texts
+    ]
+    order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
     for i in range(facts.n_layers):
         down = _module(model, arch.block(i, arch.ffn_down))
         hooks.append(down.register_forward_pre_hook(make_hook(i)))
+    done = 0
     try:
         with torch.inference_mode():
-            for k, text in enumerate(texts):
-                ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens)
-                n = int(ids["input_ids"].shape[1])
-                if n == 0:
-                    continue
-                model(input_ids=ids["input_ids"], use_cache=False)
-                stats.tokens += n
+            for b0 in range(0, len(order), batch_size):
+                batch = [encoded[i] for i in order[b0 : b0 + batch_size]]
+                T = max(len(ids) for ids in batch)
+                input_ids = torch.zeros((len(batch), T), dtype=torch.long)
+                mask = torch.zeros((len(batch), T), dtype=torch.bool)
+                for r, ids in enumerate(batch):
+                    input_ids[r, : len(ids)] = torch.tensor(ids)
+                    mask[r, : len(ids)] = True
+                current_mask[0] = mask
+                model(input_ids=input_ids, attention_mask=mask.long(), use_cache=False)
+                stats.tokens += int(mask.sum())
+                done += len(batch)
                 if progress:
-                    progress(k + 1, len(texts))
+                    progress(done, len(order))
     finally:
         for h in hooks:
             h.remove()
