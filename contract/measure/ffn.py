@@ -68,7 +68,7 @@ def measure_ffn_activity(
     *,
     max_tokens: int = 128,
     eps: float = 1e-3,
-    batch_size: int = 16,
+    batch_size: int = 32,
     model=None,
     tokenizer=None,
     progress: Callable[[int, int], None] | None = None,
