@@ -1,0 +1,308 @@
+"""The decoder forward pass over GGUF weights (llama.cpp tensor conventions), with byte counting.
+
+Supported: falcon (7B-style: MQA, parallel attention/MLP, LayerNorm, NeoX rope) and the
+llama family (RMSNorm, GQA, SwiGLU, interleaved rope on llama.cpp-permuted q/k).
+The FFN activation is the one the file *declares* (``aios.ffn_activation``), not the one
+llama.cpp hard-codes, so relufied models run as they were trained.
+
+FFN modes:
+  dense        every weight row read
+  sparse       exact: down-projection rows of zero activations are skipped (needs a
+               ReLU-family activation; identical results to dense)
+  map          static sparsity map (``blk.N.ffn_active``): masked neurons skipped in
+               up/gate and down — lossy, labelled so in every output
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
+from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION
+from runtime.accounting import ByteCounter
+from runtime.weights import Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
+
+RELU_FAMILY = ("relu", "relu2", "fatrelu")
+MODES = ("dense", "sparse", "map")
+F32 = 4
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    d_ffn: int
+    n_ctx: int
+    rope_base: float
+    rope_dims: int
+    norm_eps: float
+    activation: str
+    activation_threshold: float | None
+
+
+def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
+    if name == "relu":
+        return np.maximum(x, 0)
+    if name == "relu2":
+        r = np.maximum(x, 0)
+        return r * r
+    if name == "fatrelu":
+        return np.where(x > (threshold or 0.0), x, 0).astype(np.float32)
+    if name == "silu":
+        return x / (1 + np.exp(-x))
+    if name == "gelu":  # exact (erf) GELU, as HF "gelu"
+        from scipy.special import erf
+
+        return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))).astype(np.float32)
+    raise UnsupportedArchitectureError(f"FFN activation '{name}' is not supported by the runtime.")
+
+
+class Model:
+    """Weights (mmap-backed where possible), KV cache, and the forward pass."""
+
+    def __init__(self, path: str | Path, mode: str = "dense", n_ctx: int | None = None) -> None:
+        import gguf
+
+        if mode not in MODES:
+            raise UsageError(f"Unknown FFN mode '{mode}'; choose from {', '.join(MODES)}.")
+        from aios.models.tensors import GGUFStore
+
+        store = GGUFStore(Path(path))  # validates magic / structure with a clear error
+        self.path, self.reader, self.mode = Path(path), store.reader, mode
+        arch = store.field("general.architecture")
+        if arch not in ("falcon", "llama"):
+            raise UnsupportedArchitectureError(
+                f"The runtime runs falcon and llama-family GGUFs; this file is '{arch}'."
+            )
+        t = {x.name: x for x in self.reader.tensors}
+        if "blk.0.attn_norm_2.weight" in t:
+            raise UnsupportedArchitectureError("Falcon new-decoder (40B-style) GGUFs are not supported yet.")
+
+        def f(key: str, default=None):
+            v = store.field(f"{arch}.{key}")
+            return default if v is None else v
+
+        declared = store.field("aios.ffn_activation")
+        n_heads = int(f("attention.head_count"))
+        d_model = int(f("embedding_length"))
+        hd = d_model // n_heads
+        self.hp = HParams(
+            arch=arch,
+            n_layers=int(f("block_count")),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv=int(f("attention.head_count_kv", n_heads)),
+            head_dim=hd,
+            d_ffn=int(f("feed_forward_length")),
+            n_ctx=int(n_ctx or f("context_length", 2048)),
+            rope_base=float(f("rope.freq_base", 10000.0)),
+            rope_dims=int(f("rope.dimension_count", hd)),
+            norm_eps=float(f("attention.layer_norm_epsilon", None) or f("attention.layer_norm_rms_epsilon", 1e-5)),
+            activation=str(declared or LLAMA_CPP_FFN_ACTIVATION[arch]),
+            activation_threshold=store.field("aios.ffn_activation_threshold"),
+        )
+        if mode != "dense" and self.hp.activation not in RELU_FAMILY:
+            raise UsageError(
+                f"--mode {mode} needs a ReLU-family activation; this model runs '{self.hp.activation}', "
+                "which never produces exact zeros. Relufy it first (aios-convert relufy)."
+            )
+        self.tok_embd = from_gguf_tensor(t["token_embd.weight"])
+        self.output = from_gguf_tensor(t["output.weight"]) if "output.weight" in t else self.tok_embd
+        self.output_norm = vector(t["output_norm.weight"])
+        self.output_norm_b = vector(t["output_norm.bias"]) if "output_norm.bias" in t else None
+        self.layers = [self._layer(t, i) for i in range(self.hp.n_layers)]
+        self.counter = ByteCounter()
+        hp = self.hp
+        self.k_cache = np.zeros((hp.n_layers, hp.n_ctx, hp.n_kv, hp.head_dim), np.float32)
+        self.v_cache = np.zeros_like(self.k_cache)
+        self.pos = 0
+        inv = hp.rope_base ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
+        self._inv_freq = inv  # (rope_dims/2,)
+
+    # --- loading ---------------------------------------------------------------------
+    def _layer(self, t: dict, i: int) -> dict:
+        p = f"blk.{i}."
+        L: dict = {}
+        for name, x in t.items():
+            if not name.startswith(p):
+                continue
+            key = name[len(p):]
+            if len(x.shape) >= 2 and int(x.shape[1]) > 1:
+                L[key] = from_gguf_tensor(x)
+            else:
+                L[key] = vector(x)
+        if self.mode != "dense":
+            L["ffn_down.T"] = transpose(L["ffn_down.weight"])
+        if self.mode == "map":
+            if "ffn_active" not in L:
+                raise InvalidModelError(f"--mode map needs blk.N.ffn_active tensors; {self.path.name} has none.")
+            L["kept"] = np.flatnonzero(np.asarray(L["ffn_active"]) > 0).astype(np.int64)
+        return L
+
+    @property
+    def weight_bytes(self) -> int:
+        mats = [self.tok_embd, self.output] + [m for L in self.layers for m in L.values() if isinstance(m, Matrix)]
+        return sum({id(m): m.nbytes for m in mats}.values())
+
+    # --- pieces --------------------------------------------------------------------
+    def _mm(self, m: Matrix, X: np.ndarray, layer: int | None, rows: np.ndarray | None = None,
+            bias: np.ndarray | None = None) -> np.ndarray:
+        n_rows = m.n_out if rows is None else len(rows)
+        self.counter.add("weights", n_rows * m.row_bytes, layer, m.name)
+        y = m.matmul(X, rows)
+        if bias is not None:
+            self.counter.add("weights", bias.nbytes, layer, m.name + ".bias")
+            y += bias
+        return y
+
+    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+        eps = self.hp.norm_eps
+        if self.hp.arch == "falcon":
+            mu = x.mean(-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(-1, keepdims=True)
+            y = (x - mu) / np.sqrt(var + eps) * w
+            return (y + b if b is not None else y).astype(np.float32)
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
+
+    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:  # x (T, H, hd)
+        hp = self.hp
+        ang = positions[:, None].astype(np.float64) * self._inv_freq[None, :]  # (T, rd/2)
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        out = x.astype(np.float64).copy()
+        rd = hp.rope_dims
+        if hp.arch == "falcon":  # NeoX: pairs (i, i + rd/2)
+            a, b = x[..., : rd // 2], x[..., rd // 2 : rd]
+            out[..., : rd // 2] = a * cos - b * sin
+            out[..., rd // 2 : rd] = b * cos + a * sin
+        else:  # llama.cpp "normal": adjacent pairs (2i, 2i+1) on permuted q/k
+            a, b = x[..., 0:rd:2], x[..., 1:rd:2]
+            out[..., 0:rd:2] = a * cos - b * sin
+            out[..., 1:rd:2] = b * cos + a * sin
+        return out.astype(np.float32)
+
+    def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
+        hp, T = self.hp, q.shape[0]
+        p0 = int(positions[0])
+        self.k_cache[layer, p0 : p0 + T] = k
+        self.v_cache[layer, p0 : p0 + T] = v
+        n = p0 + T
+        K = self.k_cache[layer, :n]  # (n, n_kv, hd)
+        V = self.v_cache[layer, :n]
+        kv_row = hp.n_kv * hp.head_dim * F32
+        self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
+        self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
+        group = hp.n_heads // hp.n_kv
+        qh = q.reshape(T, hp.n_kv, group, hp.head_dim)
+        scores = np.einsum("tkgd,nkd->kgtn", qh, K) / math.sqrt(hp.head_dim)  # (n_kv, g, T, n)
+        mask = np.arange(n)[None, :] > positions[:, None]  # (T, n) future positions
+        scores = np.where(mask[None, None], -np.inf, scores)
+        scores = scores - scores.max(-1, keepdims=True)
+        w = np.exp(scores)
+        w /= w.sum(-1, keepdims=True)
+        out = np.einsum("kgtn,nkd->tkgd", w, V).reshape(T, hp.n_heads * hp.head_dim)
+        return out.astype(np.float32)
+
+    def _ffn(self, L: dict, h: np.ndarray, layer: int) -> tuple[np.ndarray, int]:
+        hp = self.hp
+        rows = L.get("kept") if self.mode == "map" else None
+        up = self._mm(L["ffn_up.weight"], h, layer, rows)
+        if "ffn_gate.weight" in L:
+            a = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows), hp.activation_threshold) * up
+        else:
+            a = _act(hp.activation, up, hp.activation_threshold)
+        a = a.astype(np.float32)
+        if rows is not None:
+            keep = np.zeros(hp.d_ffn, bool)
+            keep[rows] = True
+            a[:, ~keep] = 0
+        nnz = int(np.count_nonzero(a))
+        if self.mode == "dense":
+            return self._mm(L["ffn_down.weight"], a, layer), nnz
+        Dt: TransposedMatrix = L["ffn_down.T"]
+        out = np.empty((a.shape[0], hp.d_model), np.float32)
+        for t in range(a.shape[0]):
+            active = np.flatnonzero(a[t]).astype(np.int64)
+            self.counter.add("weights", len(active) * Dt.row_bytes, layer, Dt.name)
+            out[t] = Dt.sparse_matvec(a[t], active)
+        return out, nnz
+
+    # --- forward ---------------------------------------------------------------------
+    def reset(self) -> None:
+        self.pos = 0
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` as one chunk after the cached context; logits (T or 1, vocab)."""
+        hp = self.hp
+        tokens = np.asarray(tokens, dtype=np.int64)
+        T = len(tokens)
+        if self.pos + T > hp.n_ctx:
+            raise UsageError(f"Context full: {self.pos + T} tokens exceed the context of {hp.n_ctx}.")
+        positions = np.arange(self.pos, self.pos + T)
+        x = _embed_rows(self.tok_embd, tokens)  # (T, d_model)
+        self.counter.add("weights", T * self.tok_embd.row_bytes, None, self.tok_embd.name)
+        act_bytes = 0
+        self.ffn_nnz = 0
+        for i, L in enumerate(self.layers):
+            h = self._norm(x, L["attn_norm.weight"], L.get("attn_norm.bias"))
+            if hp.arch == "falcon":
+                qkv = self._mm(L["attn_qkv.weight"], h, i, bias=L.get("attn_qkv.bias"))
+                q = qkv[:, : hp.n_heads * hp.head_dim]
+                k = qkv[:, hp.n_heads * hp.head_dim : (hp.n_heads + hp.n_kv) * hp.head_dim]
+                v = qkv[:, (hp.n_heads + hp.n_kv) * hp.head_dim :]
+            else:
+                q = self._mm(L["attn_q.weight"], h, i, bias=L.get("attn_q.bias"))
+                k = self._mm(L["attn_k.weight"], h, i, bias=L.get("attn_k.bias"))
+                v = self._mm(L["attn_v.weight"], h, i, bias=L.get("attn_v.bias"))
+            q = self._rope(q.reshape(T, hp.n_heads, hp.head_dim), positions)
+            k = self._rope(k.reshape(T, hp.n_kv, hp.head_dim), positions)
+            v = v.reshape(T, hp.n_kv, hp.head_dim)
+            attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i)
+            if hp.arch == "falcon":  # parallel attention and MLP on the same normed input
+                ffn, nnz = self._ffn(L, h, i)
+                x = x + attn + ffn
+                vec = hp.d_model * 3 + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim + hp.n_heads * hp.head_dim + 2 * hp.d_ffn
+            else:
+                x = x + attn
+                h2 = self._norm(x, L["ffn_norm.weight"], None)
+                ffn, nnz = self._ffn(L, h2, i)
+                x = x + ffn
+                vec = hp.d_model * 4 + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim + hp.n_heads * hp.head_dim + 3 * hp.d_ffn
+            self.ffn_nnz += nnz
+            layer_act = 2 * vec * F32 * T  # each intermediate vector written once, read once
+            self.counter.add("activations", layer_act, i)
+            act_bytes += layer_act
+        self.pos += T
+        x = x if all_logits else x[-1:]
+        out = self._norm(x, self.output_norm, self.output_norm_b)
+        return self._mm(self.output, out, None)
+
+
+def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
+    """Embedding rows for ``tokens`` decoded from the stored type (one row read per token)."""
+    if m.kind == "F32":
+        return np.array(m.data[tokens], dtype=np.float32)
+    if m.kind in ("F16", "BF16"):
+        from runtime.kernels import LUT_BF16, LUT_F16
+
+        return (LUT_F16 if m.kind == "F16" else LUT_BF16)[m.data[tokens]]
+    rows = np.zeros((len(tokens), m.n_in), np.float32)
+    qs, d = m.data[tokens], m.scales[tokens]  # type: ignore[index]
+    nb = m.n_in // 32
+    if m.kind == "Q8_0":
+        rows[:] = (qs.reshape(len(tokens), nb, 32).astype(np.float32) * d[:, :, None]).reshape(len(tokens), -1)
+    else:
+        q = qs.reshape(len(tokens), nb, 16)
+        lo = (q & 15).astype(np.float32) - 8
+        hi = (q >> 4).astype(np.float32) - 8
+        rows[:] = (np.concatenate([lo, hi], axis=2) * d[:, :, None]).reshape(len(tokens), -1)
+    return rows
