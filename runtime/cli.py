@@ -1,13 +1,94 @@
-"""``aios-run``: run converted artifacts and measure MB/token."""
+"""``aios-run``: run converted GGUF artifacts and measure MB/token."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import click
+from rich.console import Console
+from rich.table import Table
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
+
+console = Console(highlight=False)
+MODE_HELP = "FFN execution: dense, sparse (exact: skip rows of zero activations), map (static sparsity map, lossy)."
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
 @version_option()
 def main() -> None:
     """Run GGUF artifacts on the CPU and measure bytes read per token."""
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate.")
+@click.option("--mode", type=click.Choice(["dense", "sparse", "map"]), default="dense", show_default=True, help=MODE_HELP)
+@click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size (tokens per forward).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: the model's).")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help="Folder with tokenizer.json (default: from the GGUF).")
+def generate(model, prompt, n_tokens, mode, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer) -> None:
+    """Generate text from MODEL (.gguf) and print speed and MB/token."""
+    from runtime.generate import Sampling, generate as gen, load_tokenizer
+    from runtime.model import Model
+
+    path = Path(model)
+    m = Model(path, mode=mode, n_ctx=n_ctx)
+    tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
+    ids = tok(prompt)["input_ids"]
+    out, tm = gen(m, list(ids), n_tokens, chunk=chunk, sampling=Sampling(temperature, top_k, top_p, seed))
+    console.print(prompt + tok.decode(out), soft_wrap=True)
+    per = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
+    label = " (lossy)" if mode == "map" else ""
+    console.print(
+        f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s, {tm.generated} decode steps at "
+        f"{tm.decode_tps:.1f} tok/s; measured MB/token {sum(per.values()):.3f} (weights {per['weights']:.3f}, "
+        f"KV {per['kv_cache']:.3f}, activations {per['activations']:.3f}); mode {mode}{label}[/]",
+        soft_wrap=True,
+    )
+
+
+@main.command()
+@click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--modes", default="dense", show_default=True, help="Comma-separated modes run for every file. " + MODE_HELP)
+@click.option("--prompt-tokens", type=int, default=64, show_default=True)
+@click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate per run.")
+@click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size.")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
+@click.option("--no-project", is_flag=True, help="Skip the checker's projection (faster).")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
+def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, out_dir) -> None:
+    """Run MODELS side by side; the first run is the baseline for measured reductions."""
+    from runtime.bench import bench as run_bench, write_bench
+
+    res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
+                    prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
+                    project=not no_project)
+    t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
+    for col in ("file", "mode", "decode tok/s", "MB/token", "FFN density", "measured red.", "projected red.", "meas/proj"):
+        t.add_column(col)
+    for r in res["rows"]:
+        pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
+        t.add_row(Path(r["file"]).name, r["mode"] + (" (lossy)" if r["lossy"] else ""), f"{r['decode_tokens_per_s']:.1f}",
+                  f"{r['decode_mb_per_token_total']:.4f}", pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
+                  pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"))
+    console.print(t)
+    for s in res["skipped"]:
+        console.print(f"[yellow]skipped:[/] {s}")
+    if out_dir:
+        for p in write_bench(res, out_dir):
+            console.print(f"wrote {p}")
+    else:
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

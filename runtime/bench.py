@@ -1,0 +1,162 @@
+"""``aios-run bench``: run artifacts side by side, measure tokens/s and MB/token by term.
+
+The first (file, mode) run is the baseline; every other run gets its measured MB/token
+reduction against it, next to the checker's *projected* reduction for that artifact and
+the ratio measured / projected — the line that confirms or refutes the contract's promise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from aios import __version__
+from aios.data import load_heldout
+from aios.errors import AiosError, UsageError
+from aios.io import write_atomic
+from runtime.generate import Sampling, generate, load_tokenizer
+from runtime.model import MODES, RELU_FAMILY, Model
+
+BENCH_SCHEMA_VERSION = "1"
+LOSSY_MODES = {"map"}
+
+
+@dataclass
+class BenchRow:
+    file: str
+    mode: str
+    lossy: bool
+    activation: str
+    weight_bytes: int
+    prompt_tokens: int
+    decode_forwards: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    decode_mb_per_token: dict[str, float]  # by term, measured by the software counter
+    decode_mb_per_token_total: float
+    ffn_density: float | None  # nonzero FFN activations / all, during decode
+    reduction_vs_baseline: float | None = None
+    projected_reduction: float | None = None
+    measured_over_projected: float | None = None
+    projection_note: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _prompt_ids(tok, n_tokens: int) -> list[int]:
+    ids: list[int] = []
+    for passage in load_heldout():  # tokenized passage by passage until enough tokens
+        ids += tok(passage + "\n\n")["input_ids"]
+        if len(ids) >= n_tokens:
+            break
+    ids = ids[:n_tokens]
+    if len(ids) < n_tokens:
+        raise UsageError(f"The held-out text has only {len(ids)} tokens; use --prompt-tokens ≤ {len(ids)}.")
+    return list(ids)
+
+
+def _projection(path: Path, context: int) -> tuple[float | None, str]:
+    """The checker's projected reduction for ``path`` at the bench's context."""
+    try:
+        from contract.check import check_model
+
+        rep = check_model(str(path), samples=32, max_tokens=64, context=context)
+    except AiosError as e:
+        return None, f"checker could not project: {e.message}"
+    except Exception as e:  # transformers' GGUF loader may not know the file
+        return None, f"checker could not project: {e.__class__.__name__}: {str(e)[:120]}"
+    p = rep.projection
+    return (p.projected_reduction if p else None), f"checker projection at context {context}, tier {rep.tier}"
+
+
+def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
+          chunk: int = 64, tokenizer: str | None = None, project: bool = True) -> dict:
+    modes = modes or ["dense"]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise UsageError(f"Unknown mode {', '.join(bad)}; choose from {', '.join(MODES)}.")
+    rows: list[BenchRow] = []
+    skipped: list[str] = []
+    for f in files:
+        path = Path(f)
+        if not path.is_file():
+            raise UsageError(f"No such GGUF file: {f}.") if not path.exists() else UsageError(f"{f} is not a file.")
+        tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
+        ids = _prompt_ids(tok, prompt_tokens)
+        for mode in modes:
+            model = Model(path, mode="dense")
+            if mode != "dense" and model.hp.activation not in RELU_FAMILY:
+                skipped.append(f"{path.name} [{mode}]: activation '{model.hp.activation}' has no exact zeros")
+                continue
+            model = Model(path, mode=mode) if mode != "dense" else model
+            generate(model, ids[:8], 2, chunk=chunk)  # warm-up: numba kernels load/compile
+            _, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
+            per_tok = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
+            hp = model.hp
+            density = tm.decode_ffn_nnz / max(1, tm.generated * hp.n_layers * hp.d_ffn)
+            rows.append(BenchRow(
+                file=str(path), mode=mode, lossy=mode in LOSSY_MODES, activation=hp.activation,
+                weight_bytes=model.weight_bytes, prompt_tokens=len(ids), decode_forwards=tm.generated,
+                prefill_tokens_per_s=round(tm.prefill_tps, 2), decode_tokens_per_s=round(tm.decode_tps, 2),
+                decode_mb_per_token={k: round(v, 6) for k, v in per_tok.items()},
+                decode_mb_per_token_total=round(sum(per_tok.values()), 6),
+                ffn_density=round(density, 6),
+            ))
+    if not rows:
+        raise UsageError("Nothing to run: every (file, mode) pair was skipped.")
+    base = rows[0]
+    context = base.prompt_tokens + n // 2
+    for r in rows[1:]:
+        r.reduction_vs_baseline = round(1 - r.decode_mb_per_token_total / base.decode_mb_per_token_total, 6)
+        if project:
+            proj, note = _projection(Path(r.file), context)
+            r.projected_reduction, r.projection_note = proj, note
+            if proj:
+                r.measured_over_projected = round(r.reduction_vs_baseline / proj, 4)
+    return {
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "tool": "aios-run bench",
+        "tool_version": __version__,
+        "evidence": "measured (software byte counter: bytes the runtime's kernels read)",
+        "settings": {"prompt_tokens": prompt_tokens, "new_tokens": n, "chunk": chunk, "modes": modes},
+        "baseline": {"file": base.file, "mode": base.mode},
+        "rows": [asdict(r) for r in rows],
+        "skipped": skipped,
+    }
+
+
+def to_markdown(result: dict) -> str:
+    lines = [
+        "## aios-run bench",
+        "",
+        f"Baseline: `{Path(result['baseline']['file']).name}` [{result['baseline']['mode']}] · "
+        f"{result['settings']['prompt_tokens']} prompt tokens, {result['settings']['new_tokens']} generated.",
+        "",
+        "| File | Mode | Prefill tok/s | Decode tok/s | MB/token weights | KV | activations | total | FFN density "
+        "| Measured reduction | Projected reduction | Measured / projected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        mb = r["decode_mb_per_token"]
+
+        def pct(x):
+            return "—" if x is None else f"{x:.1%}"
+
+        mode = r["mode"] + (" (lossy)" if r["lossy"] else "")
+        lines.append(
+            f"| {Path(r['file']).name} | {mode} | {r['prefill_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} "
+            f"| {mb['weights']:.4f} | {mb['kv_cache']:.4f} | {mb['activations']:.4f} | {r['decode_mb_per_token_total']:.4f} "
+            f"| {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
+            f"| {'—' if r['measured_over_projected'] is None else r['measured_over_projected']} |"
+        )
+    for s in result["skipped"]:
+        lines.append(f"\nSkipped: {s}")
+    lines.append("\nMB/token is measured by the runtime's byte counter; projected figures come from "
+                 "`aios-contract check` and are not measurements.")
+    return "\n".join(lines) + "\n"
+
+
+def write_bench(result: dict, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    return [write_atomic(out / "aios-bench.json", json.dumps(result, indent=2) + "\n"),
+            write_atomic(out / "aios-bench.md", to_markdown(result))]
