@@ -52,6 +52,12 @@ class SafetensorsStore:
                 raise InvalidModelError(
                     f"{index} is not a valid safetensors index ({e}); re-download or rewrite it."
                 ) from e
+            bad = [v for v in weight_map.values() if not _plain_shard_name(v)]
+            if bad:
+                raise InvalidModelError(
+                    f"{index} names an invalid shard {bad[0]!r}; shards must be .safetensors "
+                    "files in the model folder."
+                )
             self._shards = sorted(set(weight_map.values()))
             for shard in self._shards:
                 if not (folder / shard).is_file():
@@ -170,6 +176,14 @@ class GGUFStore:
 
     def iter_names(self) -> Iterator[str]:
         return (t.name for t in self.reader.tensors)
+
+
+def _plain_shard_name(v: object) -> bool:
+    """A shard is a bare file name in the model folder (no paths, no traversal)."""
+    return (
+        isinstance(v, str) and v.endswith(".safetensors") and "/" not in v and "\\" not in v
+        and v not in (".", "..") and not v.startswith(".")
+    )
 
 
 def _short(e: Exception) -> str:

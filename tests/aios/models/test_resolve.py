@@ -273,3 +273,14 @@ def test_offloaded_model_runs_and_matches(hf_model):
     off = h.load_torch(available=params * 2)(input_ids=ids).logits
     assert any("offload" in n for n in h.notes)
     torch.testing.assert_close(off, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_index_with_path_traversal_refused(hf_model):
+    folder = hf_model("falcon", shard_kb=40)
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = "../../etc/passwd.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(InvalidModelError, match="invalid shard"):
+        resolve_model(str(folder))
