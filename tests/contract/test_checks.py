@@ -207,3 +207,35 @@ def test_check_model_report_and_projection(lm):
     p = rep.projection
     assert p.evidence.value == "projected" and 0 < p.projected_reduction < 1
     assert rep.calibration["samples"] == 8 and rep.calibration["tokens"] > 0
+
+
+# --- on the bundled, trained fixtures ------------------------------------------------------
+
+
+def test_bundled_gelu_falcon(tmp_path):
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+
+    c = ctx(40)
+    rep = {r.id: r for r in check_model("tiny-falcon", samples=40, max_tokens=64).requirements}
+    assert rep["R1"].status == Status.failed
+    assert rep["R1"].metric("mean_exact_zero_fraction").value < 0.01
+    assert 0 < rep["R1"].metric("mean_near_zero_fraction").value < 0.5
+    assert rep["R2"].status == Status.passed
+    # the same trained weights with the config switched to ReLU (no training)
+    folder = tmp_path / "relu-falcon"
+    shutil.copytree(FIXTURES_DIR / "tiny-falcon", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["activation"] = "relu"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = r1_sparsity.check(resolve_model(str(folder)), c)
+    theirs = _independent_zero_fraction(folder, c.calibration_texts)
+    assert abs(r.metric("mean_exact_zero_fraction").value - theirs) < 0.01
+
+
+def test_bundled_llama_gqa_facts():
+    h = resolve_model("tiny-llama")
+    assert h.facts.n_kv_heads == 2 and h.facts.gated_ffn and h.facts.activation == "silu"
+    assert r2_kv_cache.check(h, ctx(1)).status == Status.passed
+    assert len(h.facts.core_zone) >= 1
