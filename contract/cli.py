@@ -104,10 +104,14 @@ STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "not_measured": "yello
               help="Exit 1 unless the model reaches this tier.")
 @click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
 @click.option("--context", type=int, default=4096, show_default=True, help="Context length for KV bytes and the projection.")
-@click.option("--format", "formats", default="json,md,junit", show_default=True, help="Report formats written to -o DIR.")
+@click.option("--format", "formats", default="json,md,junit", show_default=True,
+              help="Report formats written to -o DIR: json, md, junit, html, sarif.")
+@click.option("--bench", "bench_file", type=click.Path(dir_okay=False), default=None,
+              help="aios-run bench JSON: its measured MB/token goes beside the projection in md/html.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the reports (default: print only).")
-def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, out_dir) -> None:
+def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, bench_file,
+          out_dir) -> None:
     """Score MODEL against R1-R5 by measurement; the exit code is the CI gate.
 
     Without --require-tier/--require the exit code is 0 whenever the check ran.
@@ -117,11 +121,13 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
     from aios.errors import UsageError
     from contract.check import check_model
     from reports.check_reports import FORMATS, write_reports
+    from reports.load import load_bench
 
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     bad = [f for f in fmts if f not in FORMATS]
     if bad:
         raise UsageError(f"Unknown report format {', '.join(bad)}; choose from {', '.join(FORMATS)}.")
+    bench = load_bench(bench_file) if bench_file else None  # fail fast (exit 4) before measuring
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         tasks: dict[str, int] = {}
@@ -136,7 +142,7 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
                              require=require.split(",") if require else [], progress=progress)
     _render_check(report)
     if out_dir:
-        for p in write_reports(report, out_dir, fmts):
+        for p in write_reports(report, out_dir, fmts, bench=bench):
             console.print(f"wrote {p}")
     sys.exit(report.gate.exit_code)
 
@@ -163,6 +169,59 @@ def _render_check(report) -> None:
                       f"[dim](projected, not measured; the contract claims {spec} for this tier)[/]")
     console.print(f"[bold]Tier: {report.tier_name}[/] · gate: {report.gate.reason} · exit {report.gate.exit_code} "
                   f"· {report.seconds:.1f} s")
+
+
+def _formats(formats: str) -> list[str]:
+    return [f.strip() for f in formats.split(",") if f.strip()]
+
+
+@main.command("compare")
+@click.argument("report_a", metavar="A.json")
+@click.argument("report_b", metavar="B.json")
+@click.option("--format", "formats", default="text,md,json", show_default=True,
+              help="Formats written to -o DIR: text, md, json, junit, sarif, html.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the comparison files (default: print only).")
+def compare_cmd(report_a, report_b, formats, out_dir) -> None:
+    """What changed from check report A (release N) to B (release N+1).
+
+    Exit 1 when a requirement that passed in A does not pass in B, else 0.
+    """
+    from aios.errors import UsageError
+    from reports.compare import FORMATS, compare, to_text, write_comparison
+    from reports.load import load_check_report
+
+    fmts = _formats(formats)
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad:
+        raise UsageError(f"Unknown compare format {', '.join(bad)}; choose from {', '.join(FORMATS)}.")
+    c = compare(load_check_report(report_a), load_check_report(report_b), report_a, report_b)
+    click.echo(to_text(c), nl=False)
+    if out_dir:
+        for p in write_comparison(c, out_dir, fmts):
+            console.print(f"wrote {p}")
+    sys.exit(c.exit_code)
+
+
+@main.command()
+@click.argument("file", metavar="FILE.json")
+@click.option("--format", "formats", default="html,md", show_default=True,
+              help="Formats to write (html and md for every kind; check and compare results also json, junit, sarif).")
+@click.option("--bench", "bench_file", type=click.Path(dir_okay=False), default=None,
+              help="aios-run bench JSON for the measured MB/token column of a check report.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the reports (default: the folder of FILE).")
+def report(file, formats, bench_file, out_dir) -> None:
+    """Render FILE.json written by aios-contract check/compare, aios-run bench or aios-convert relufy.
+
+    The kind is detected from the JSON.
+    """
+    from reports.load import load_bench
+    from reports.render import render_file
+
+    kind, paths = render_file(file, _formats(formats), out_dir, bench=load_bench(bench_file) if bench_file else None)
+    for p in paths:
+        console.print(f"wrote {p} ({kind})")
 
 
 @main.command()

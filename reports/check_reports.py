@@ -1,4 +1,5 @@
-"""Writers for ``aios-contract check`` reports: JSON (versioned schema), Markdown, JUnit XML."""
+"""Writers for ``aios-contract check`` reports: JSON (versioned schema), Markdown, JUnit XML,
+HTML (reports/html.py) and SARIF 2.1.0 (reports/sarif.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ from pathlib import Path
 
 from aios.io import write_atomic
 from contract.result import CheckReport, Status, report_json_schema
+from reports.html import check_html
+from reports.measured import NOT_MEASURED, TERM_LABELS, TERMS, mb_table
+from reports.sarif import to_sarif
 
-FORMATS = ("json", "md", "junit")
-FILE_NAMES = {"json": "aios-report.json", "md": "aios-report.md", "junit": "aios-report.junit.xml"}
+FORMATS = ("json", "md", "junit", "html", "sarif")
+FILE_NAMES = {"json": "aios-report.json", "md": "aios-report.md", "junit": "aios-report.junit.xml",
+              "html": "aios-report.html", "sarif": "aios-report.sarif"}
+STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a $GITHUB_STEP_SUMMARY larger than 1 MiB
 ICON = {Status.passed: "✅ pass", Status.failed: "❌ fail", Status.not_measured: "⚪ not measured", Status.error: "⚠️ error"}
 
 
@@ -31,8 +37,8 @@ def _value(m) -> str:
     return f"{v} {m.unit}".strip()
 
 
-def to_markdown(report: CheckReport) -> str:
-    """GitHub-flavoured Markdown, fit for ``$GITHUB_STEP_SUMMARY``."""
+def to_markdown(report: CheckReport, bench: dict | None = None) -> str:
+    """GitHub-flavoured Markdown, fit for ``$GITHUB_STEP_SUMMARY`` (no HTML, under 1 MiB)."""
     m = report.model
     lines = [
         f"## AIOS Model Contract v{report.contract_version}: `{m['spec']}`",
@@ -72,11 +78,40 @@ def to_markdown(report: CheckReport) -> str:
             f"(reduction {p.projected_reduction:.1%}; the contract's claim for {report.tier_name}: {spec}). "
             f"_{p.note}_",
         ]
+    lines += _measured_markdown(report, bench)
     if report.calibration:
         c = report.calibration
         lines += ["", f"Calibration: {c['samples']} samples from {c['source']}, {c['tokens']:,} tokens "
                       f"(≤ {c['max_tokens']} per sample), sha256 `{c['sha256'][:12]}`."]
-    return "\n".join(lines) + "\n"
+    return fit_step_summary("\n".join(lines) + "\n")
+
+
+def _measured_markdown(report: CheckReport, bench: dict | None) -> list[str]:
+    if not bench:
+        return ["", f"Measured MB/token: {NOT_MEASURED} (pass its JSON with `--bench`)."]
+    t = mb_table(report, bench)
+    lines = ["", "### MB/token: projected vs measured", "",
+             "| Term | " + " | ".join(f"{c.label} ({c.evidence})" for c in t.columns) + " |",
+             "|---|" + "---|" * len(t.columns)]
+    for term in TERMS + ("total",):
+        vals = ["—" if c.values.get(term) is None else f"{c.values[term]:.4f}" for c in t.columns]
+        lines.append(f"| {TERM_LABELS[term]} | " + " | ".join(vals) + " |")
+    return lines + [""] + [f"- {n}" for n in t.notes]
+
+
+def fit_step_summary(md: str, limit: int = STEP_SUMMARY_LIMIT) -> str:
+    """Cut ``md`` at a line boundary so it stays under GitHub's step-summary limit."""
+    if len(md.encode("utf-8")) <= limit:
+        return md
+    note = "\n\n_(truncated to fit the 1 MiB step-summary limit; see the JSON/HTML report)_\n"
+    budget = limit - len(note.encode("utf-8"))
+    out, used = [], 0
+    for line in md.splitlines(keepends=True):
+        used += len(line.encode("utf-8"))
+        if used > budget:
+            break
+        out.append(line)
+    return "".join(out) + note
 
 
 def to_junit(report: CheckReport) -> str:
@@ -108,9 +143,15 @@ def to_junit(report: CheckReport) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
-RENDERERS = {"json": to_json, "md": to_markdown, "junit": to_junit}
+RENDERERS = {"json": to_json, "md": to_markdown, "junit": to_junit, "html": check_html, "sarif": to_sarif}
+USES_BENCH = {"md", "html"}  # renderers that show measured MB/token from an aios-run bench JSON
 
 
-def write_reports(report: CheckReport, out_dir: str | Path, formats: list[str]) -> list[Path]:
+def render(report: CheckReport, fmt: str, bench: dict | None = None) -> str:
+    return RENDERERS[fmt](report, bench) if fmt in USES_BENCH else RENDERERS[fmt](report)
+
+
+def write_reports(report: CheckReport, out_dir: str | Path, formats: list[str],
+                  bench: dict | None = None) -> list[Path]:
     out = Path(out_dir)
-    return [write_atomic(out / FILE_NAMES[f], RENDERERS[f](report)) for f in formats]
+    return [write_atomic(out / FILE_NAMES[f], render(report, f, bench)) for f in formats]

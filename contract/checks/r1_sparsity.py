@@ -11,6 +11,7 @@ from contract.measure.ffn import FfnActivity, measure_ffn_activity
 from contract.result import Evidence, Metric, RequirementResult, Status
 
 ID, TITLE = "R1", "Exact-zero FFN activations"
+FREQ_BINS = 20  # equal-width bins of per-neuron firing frequency over [0, 1]
 
 
 def activation_is_relu_family(activation: str, threshold: float | None, family: list[str]) -> tuple[bool, str]:
@@ -81,6 +82,8 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         "neuron_frequency_deciles": [
             [round(float(q), 4) for q in _deciles(row)] for row in stats.neuron_frequency
         ],
+        # per layer: how many neurons fire on a fraction of tokens in each bin (for plots)
+        "neuron_frequency_histogram": _histogram(stats.neuron_frequency, FREQ_BINS),
     }
     passed = relu and mean >= floor
     if passed:
@@ -102,3 +105,12 @@ def _deciles(row):
     import numpy as np
 
     return np.quantile(row, np.linspace(0, 1, 11))
+
+
+def _histogram(freq, bins: int) -> dict:
+    """Counts of neurons per firing-frequency bin, per layer; ``freq`` is (L, d_ffn) in [0, 1]."""
+    import numpy as np
+
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    counts = [np.histogram(row, bins=edges)[0].astype(int).tolist() for row in freq]  # (L, bins)
+    return {"bin_edges": [round(float(e), 4) for e in edges], "counts": counts}

@@ -43,6 +43,7 @@ def emergent_aliasing(handle: ModelHandle, ctx: CheckContext) -> dict:
         G = streamed_gram(handle.tensor_rows, names, rows, cols)  # (L, L)
         cos = cosine_from_gram(G)
         rd = rel_delta_from_gram(G)
+        full = [[round(float(x), 4) for x in row] for row in cos]  # (L, L), for the heatmap
         np.fill_diagonal(cos, -np.inf)
         best = cos[core].argmax(1)
         to_mean, _ = rel_delta_to_mean(G, core)
@@ -55,6 +56,7 @@ def emergent_aliasing(handle: ModelHandle, ctx: CheckContext) -> dict:
             "pairs_over_zone_threshold": int(sum(cos[i, b] >= thr for i, b in zip(core, best))),
             "bytes_per_layer": int(info.nbytes),
             "aliasable_by_delta_criterion": int((to_mean < max_delta).sum()),
+            "cosine_matrix": full,
         }
     ctx.progress("R3: streaming weight matrices", len(types), len(types))
     return {"zone_cosine_threshold": thr, "matrix_types": out}
