@@ -1,0 +1,133 @@
+"""The runtime against references we did not write: transformers logits, gguf-py dequantizers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aios.errors import UnsupportedArchitectureError, UsageError
+from aios.models import resolve_model
+from runtime.generate import Sampling, generate, sample
+from runtime.model import Model
+from runtime.weights import from_gguf_tensor
+
+TEXT = "def add(a, b):\n    return a + b  # The list type supports slicing and item assignment."
+
+
+def _hf_logits(src, text=TEXT):
+    h = resolve_model(str(src))
+    tok = h.load_tokenizer()
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return ids[0].numpy(), h.load_torch()(input_ids=ids).logits[0].numpy()
+
+
+@pytest.mark.parametrize("fixture", ["tiny-falcon", "tiny-llama"])
+def test_f32_logits_match_transformers(exported, fixture):
+    path, src = exported(fixture, "f32")
+    ids, ref = _hf_logits(src)
+    m = Model(path)
+    out = m.forward(ids, all_logits=True)
+    assert np.abs(out - ref).max() <= 1e-4
+    assert (out.argmax(-1) == ref.argmax(-1)).all()
+    # token-by-token decode with the KV cache gives the same logits
+    m.reset()
+    step = np.concatenate([m.forward([t]) for t in ids])
+    assert np.abs(step - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0", "q4_0"])
+def test_quantized_matvec_equals_gguf_dequantize(exported, outtype):
+    import gguf
+
+    path, _ = exported("tiny-llama", outtype)
+    r = gguf.GGUFReader(str(path))
+    x = np.random.default_rng(0).standard_normal((3, 128)).astype(np.float32)
+    checked = 0
+    for t in r.tensors:
+        if t.tensor_type.name.lower() != outtype or len(t.shape) < 2 or int(t.shape[0]) != 128:
+            continue
+        W = gguf.dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0]))
+        y = from_gguf_tensor(t).matmul(x)
+        ref = x.astype(np.float64) @ W.astype(np.float64).T
+        assert np.abs(y - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), t.name
+        checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("fixture", ["tiny-falcon", "tiny-llama"])
+def test_exact_sparse_equals_dense(exported, fixture):
+    path, _ = exported(fixture, "f32", relu=True)
+    ids = np.arange(1, 40)
+    dense = Model(path).forward(ids, all_logits=True)
+    sp = Model(path, mode="sparse")
+    out = sp.forward(ids, all_logits=True)
+    assert np.abs(out - dense).max() <= 1e-5
+    # decode: the down projection reads only rows of nonzero activations
+    d, s = Model(path), Model(path, mode="sparse")
+    d.forward(ids)
+    s.forward(ids)
+    b_d, b_s = d.counter.snapshot()["weights"], s.counter.snapshot()["weights"]
+    d.forward([5])
+    s.forward([5])
+    saved = (d.counter.snapshot()["weights"] - b_d) - (s.counter.snapshot()["weights"] - b_s)
+    row = s.layers[0]["ffn_down.T"].row_bytes
+    assert saved == (s.hp.n_layers * s.hp.d_ffn - s.ffn_nnz) * row
+
+
+def test_dense_byte_count_matches_independent_sum(exported):
+    """Decode bytes = every tensor's bytes except the embedding table (one row) + KV + activations."""
+    import gguf
+
+    path, _ = exported("tiny-falcon", "f32")
+    m = Model(path)
+    m.forward(np.arange(1, 11))
+    before = m.counter.snapshot()
+    m.forward([7])  # position 10: attends over 11 positions
+    got = {k: m.counter.snapshot()[k] - before[k] for k in before}
+    r = gguf.GGUFReader(str(path))
+    hp = m.hp
+    names = {t.name: int(t.n_bytes) for t in r.tensors}
+    d_emb = names["token_embd.weight"]
+    mats = sum(b for n, b in names.items() if n.startswith("blk.") and n.endswith(".weight") and "norm" not in n)
+    head = names.get("output.weight", d_emb)  # tied: the embedding table is the head
+    expected_w = mats + d_emb // int(hp_vocab(r)) + head
+    assert got["weights"] == expected_w
+    kv = hp.n_layers * 2 * hp.n_kv * hp.head_dim * 4 * (11 + 1)  # read 11 positions, write 1
+    assert got["kv_cache"] == kv
+    assert got["activations"] > 0
+
+
+def hp_vocab(r) -> int:
+    return int(next(t for t in r.tensors if t.name == "token_embd.weight").shape[1])
+
+
+def test_generate_greedy_and_sampling(exported):
+    path, _ = exported("tiny-llama", "f32")
+    m = Model(path)
+    out1, tm = generate(m, [1, 2, 3, 4, 5], 6, chunk=2)
+    out2, _ = generate(m, [1, 2, 3, 4, 5], 6, chunk=5)
+    assert out1 == out2 and tm.generated == 5 and tm.prefill_bytes["weights"] > 0
+    s = Sampling(temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    assert generate(m, [1, 2, 3], 5, sampling=s)[0] == generate(m, [1, 2, 3], 5, sampling=s)[0]
+    logits = np.array([0.0, 5.0, 1.0])
+    assert sample(logits, Sampling(), np.random.default_rng(0)) == 1
+    assert sample(logits, Sampling(temperature=1.0, top_k=1), np.random.default_rng(0)) == 1
+
+
+def test_errors(exported, gguf_file, tmp_path):
+    path, _ = exported("tiny-falcon", "f32")
+    with pytest.raises(UsageError, match="ReLU-family"):
+        Model(path, mode="sparse")  # GELU model: no exact zeros
+    m = Model(path, n_ctx=8)
+    with pytest.raises(UsageError, match="Context full|exceed"):
+        generate(m, list(range(1, 8)), 4)
+    import gguf
+
+    p = tmp_path / "g.gguf"
+    w = gguf.GGUFWriter(str(p), "gpt2")
+    w.add_block_count(1)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
+    with pytest.raises(UnsupportedArchitectureError):
+        Model(p)
