@@ -1,0 +1,144 @@
+"""Tensor math for GGUF export: llama.cpp's weight layouts, output types, chunked encoding.
+
+Pure functions on tensors; no model walking or file handling here.
+
+- Layouts: Falcon's fused QKV is regrouped to [all q; all k; all v] (llama.cpp's
+  "jploski" layout), Llama's q/k rows are permuted from HF's rotate-half order to the
+  interleaved order llama.cpp's RoPE expects, GPT-2's Conv1D weights are transposed.
+- Types: 1-D tensors (norms, biases) stay F32 as llama.cpp requires; 2-D weights take the
+  requested type, falling back per tensor when the row length is not a multiple of the
+  block size (Q8_0/Q4_0 blocks hold 32 values), never silently.
+- Encoding: rows are converted and quantized in chunks of ``CHUNK_BYTES`` of float32, so
+  a conversion never holds more than the source tensor plus one chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO, Callable
+
+import numpy as np
+
+CHUNK_BYTES = 16 << 20  # float32 bytes converted per step
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+# what a requested type falls back to when a tensor's shape does not fit its blocks
+FALLBACK = {"q8_0": "f16", "q4_0": "f16", "bf16": "f16"}
+
+
+def ggml_type(outtype: str):
+    import gguf
+
+    return gguf.GGMLQuantizationType[outtype.upper()]
+
+
+def llama_file_type(outtype: str):
+    import gguf
+
+    return {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    }[outtype]
+
+
+def choose_type(shape: tuple[int, ...], outtype: str) -> tuple[str, str | None]:
+    """(type to write, reason it differs from ``outtype`` or None) for a tensor of ``shape``."""
+    import gguf
+
+    if len(shape) < 2:
+        return "f32", None  # norms and biases: llama.cpp computes them in F32
+    block, _ = gguf.GGML_QUANT_SIZES[ggml_type(outtype)]
+    if shape[-1] % block:
+        fb = FALLBACK.get(outtype, "f32")
+        return fb, f"row length {shape[-1]} is not a multiple of the {outtype.upper()} block ({block})"
+    return outtype, None
+
+
+def encoded_nbytes(shape: tuple[int, ...], outtype: str) -> int:
+    import gguf
+
+    block, type_size = gguf.GGML_QUANT_SIZES[ggml_type(outtype)]
+    n = int(np.prod(shape, dtype=np.int64))
+    assert n % block == 0, (shape, outtype)
+    return n // block * type_size
+
+
+# --- llama.cpp layouts (torch tensors; shapes in numpy/row-major order) ---------------------
+
+
+def falcon_qkv(w, n_head: int, n_kv: int, head_dim: int):
+    """HF Falcon fused QKV -> llama.cpp's [q (n_head*hd); k (n_kv*hd); v (n_kv*hd)].
+
+    HF stores ``n_kv`` groups, each ``n_head/n_kv`` query heads then one key and one value
+    head; for the 7B multi-query model (n_kv = 1) this is already the llama.cpp order.
+    Works for weights (rows, d) and biases (rows,).
+    """
+    tail = tuple(w.shape[1:])
+    g = w.reshape(n_kv, n_head // n_kv + 2, head_dim, *tail)
+    q = g[:, :-2].reshape(n_head * head_dim, *tail)
+    k = g[:, -2].reshape(n_kv * head_dim, *tail)
+    v = g[:, -1].reshape(n_kv * head_dim, *tail)
+    import torch
+
+    return torch.cat((q, k, v))
+
+
+def rope_interleave(w, n_heads: int):
+    """HF rotate-half rows -> interleaved pairs, per head (llama.cpp's Llama RoPE order).
+
+    (n_heads*hd, ...) viewed as (n_heads, 2, hd/2, ...), halves swapped to (n_heads, hd/2, 2).
+    """
+    tail = tuple(w.shape[1:])
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *tail).swapaxes(1, 2).reshape(w.shape)
+
+
+# --- chunked encoding ----------------------------------------------------------------------
+
+
+@dataclass
+class EncodedTensor:
+    """A tensor encoded chunk by chunk as it is written (duck-types ``nbytes``/``tofile``).
+
+    ``GGUFWriter.write_tensor_data`` only needs these two members, so the encoded bytes of
+    a tensor never exist in memory all at once.
+    """
+
+    rows: Callable[[int, int], np.ndarray]  # (start, stop) -> float32 rows (2-D) or all (1-D)
+    shape: tuple[int, ...]
+    outtype: str
+    nbytes: int
+
+    def chunks(self):
+        n_rows = self.shape[0] if len(self.shape) > 1 else 1
+        row_bytes = 4 * int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        step = max(1, CHUNK_BYTES // max(1, row_bytes))
+        for r0 in range(0, n_rows, step):
+            yield encode(self.rows(r0, min(n_rows, r0 + step)), self.outtype)
+
+    def tofile(self, fout: IO[bytes]) -> None:
+        written = 0
+        for chunk in self.chunks():
+            chunk.tofile(fout)
+            written += chunk.nbytes
+        assert written == self.nbytes, (written, self.nbytes)
+
+
+def encode(x: np.ndarray, outtype: str) -> np.ndarray:
+    """float32 array -> the bytes (or native array) of ``outtype``, via gguf-py's quantizers."""
+    assert x.dtype == np.float32, x.dtype
+    if outtype == "f32":
+        return np.ascontiguousarray(x)
+    if outtype == "f16":
+        return x.astype(np.float16)
+    from gguf import quants
+
+    return quants.quantize(np.ascontiguousarray(x), ggml_type(outtype))
+
+
+def sqnr_db(x: np.ndarray, y: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio 20·log10(‖x‖/‖x−y‖) in dB (inf when equal)."""
+    noise = float(np.linalg.norm((x - y).ravel()))
+    return float("inf") if noise == 0 else 20 * np.log10(float(np.linalg.norm(x.ravel())) / noise)
