@@ -1,0 +1,301 @@
+"""``aios-convert layout`` (R5): rewrite a GGUF with blocks in descending access frequency.
+
+A block is one GGUF tensor (llama.cpp finds tensors by name, so the reordered file still loads).
+Its access frequency is the expected fraction of its rows read per generated token:
+
+- every-token tensors (embeddings, attention, norms, output head, the FFN gate of gated FFNs,
+  the FFN up projection of plain FFNs, sparsity masks): 1.0;
+- rows a sparsity-aware kernel may skip (the FFN down projection, and the up projection of
+  gated FFNs): the layer's measured mean neuron firing rate on the calibration texts
+  (contract/measure/ffn.py, the R1 measurement), restricted to neurons a ``blk.N.ffn_active``
+  mask keeps.
+
+Classes: ≥ ``high`` → high, < ``low`` → low, else medium. Tiers: HOT = high blocks of the first
+two and last two layers plus embeddings/head; WARM = other high and medium; STREAM = low.
+
+The manifest is embedded as ``aios.manifest`` and written beside the file as
+``<name>.aios.json``. Its offsets are absolute file offsets: the manifest's own length fixes
+where tensor data starts, so a fixed-length slot is reserved, the tensor infos are written,
+and the slot is then filled with the manifest padded by spaces (valid JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from aios import CONTRACT_VERSION, __version__
+from aios.errors import InvalidModelError
+from aios.io import write_atomic
+from aios.models import ModelHandle, resolve_model
+from contract.manifest import FREQ_RANK, Manifest, verify
+
+MANIFEST_KEY = "aios.manifest"
+TIER_RANK = {"HOT": 0, "WARM": 1, "STREAM": 2}
+_FFN = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.")
+_BLK = re.compile(r"^blk\.(\d+)\.")
+COPY_CHUNK = 16 << 20
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """Converter config, embedded in the artifact (``aios.layout.config``)."""
+
+    calibration: str | None = None  # file name (None = bundled calibration set)
+    samples: int | None = None
+    max_tokens: int = 128
+    high: float = 0.9
+    low: float = 0.2
+    version: int = 1
+
+
+@dataclass
+class Block:
+    name: str
+    frequency: float
+    access: str  # high | medium | low
+    tier: str  # HOT | WARM | STREAM
+    size: int
+    offset: int = -1
+
+
+@dataclass
+class LayoutResult:
+    output: Path
+    sidecar: Path
+    blocks: list[Block]
+    ffn_read_fraction: list[float]  # (L,) measured
+    notes: list[str] = field(default_factory=list)
+
+
+# --- frequencies (pure) --------------------------------------------------------------------
+
+
+def block_frequency(name: str, read_fraction: np.ndarray, gated: bool) -> float:
+    """Expected fraction of tensor ``name``'s rows read per token (see module doc)."""
+    m = _FFN.match(name)
+    if m is None:
+        return 1.0
+    layer, kind = int(m.group(1)), m.group(2)
+    if kind == "gate" or (kind == "up" and not gated):
+        return 1.0
+    return float(read_fraction[layer])
+
+
+def classify(freq: float, high: float, low: float) -> str:
+    return "high" if freq >= high else "low" if freq < low else "medium"
+
+
+def tier(name: str, access: str, n_layers: int) -> str:
+    if access == "low":
+        return "STREAM"
+    m = _BLK.match(name)
+    edge = m is None or int(m.group(1)) < 2 or int(m.group(1)) >= n_layers - 2
+    return "HOT" if access == "high" and edge else "WARM"
+
+
+def order_blocks(blocks: list[Block]) -> list[Block]:
+    """high → medium → low, HOT before WARM, then by frequency, then file order (stable)."""
+    return sorted(blocks, key=lambda b: (FREQ_RANK[b.access], TIER_RANK[b.tier], -b.frequency))
+
+
+def ffn_read_fraction(neuron_frequency: np.ndarray, masks: dict[int, np.ndarray]) -> np.ndarray:
+    """(L,) mean over neurons of firing rate × kept, from (L, d_ffn) measured rates."""
+    f = neuron_frequency.astype(np.float64).copy()
+    for i, m in masks.items():
+        f[i] *= m.astype(bool)
+    return f.mean(axis=1)
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def measure_read_fraction(handle: ModelHandle, texts: list[str], max_tokens: int,
+                          progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """Run the GGUF's model (transformers) on ``texts`` with the activation the file declares."""
+    from contract.measure.ffn import measure_ffn_activity
+
+    model = _load_declared(handle)
+    activity = measure_ffn_activity(handle, texts, max_tokens=max_tokens, model=model, progress=progress)
+    masks = {}
+    for name in handle.store.iter_names():  # type: ignore[union-attr]
+        m = re.match(r"^blk\.(\d+)\.ffn_active$", name)
+        if m:
+            masks[int(m.group(1))] = handle.store.get(name).astype(bool)  # type: ignore[union-attr]
+    return ffn_read_fraction(activity.neuron_frequency, masks)
+
+
+def _load_declared(handle: ModelHandle):
+    """transformers' GGUF loader ignores ``aios.ffn_activation``; set it in the config."""
+    if handle.facts.activation_key != "aios.ffn_activation":
+        return handle.load_torch(dtype="float32")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    assert handle.path is not None
+    kw = dict(gguf_file=handle.path.name)
+    try:
+        cfg = AutoConfig.from_pretrained(str(handle.path.parent), **kw)
+        setattr(cfg, handle.arch.activation_keys[0], handle.facts.activation)
+        model = AutoModelForCausalLM.from_pretrained(str(handle.path.parent), config=cfg,
+                                                     dtype=torch.float32, **kw)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise InvalidModelError(f"transformers could not load '{handle.spec}': {str(e).splitlines()[0][:200]}") from e
+    return model.eval()
+
+
+# --- rewriting -----------------------------------------------------------------------------
+
+
+@dataclass
+class _FileSlice:
+    """Bytes of one tensor copied from the source file in chunks (``nbytes``/``tofile`` duck type)."""
+
+    path: Path
+    offset: int
+    nbytes: int
+
+    def tofile(self, fout) -> None:
+        with open(self.path, "rb") as src:
+            src.seek(self.offset)
+            left = self.nbytes
+            while left:
+                buf = src.read(min(COPY_CHUNK, left))
+                if not buf:
+                    raise InvalidModelError(f"{self.path} is truncated.")
+                fout.write(buf)
+                left -= len(buf)
+
+
+def manifest_json(blocks: list[Block]) -> str:
+    return json.dumps({
+        "aios_contract_version": CONTRACT_VERSION,
+        "frequency_ordered": True,
+        "layout": [{"block_id": b.name, "access_frequency": b.access, "rws_tier": b.tier,
+                    "offset_bytes": b.offset, "size_bytes": b.size} for b in blocks],
+    }, separators=(",", ":"))
+
+
+def layout_gguf(model: str | ModelHandle, output: str | Path, config: LayoutConfig, *,
+                calibration_texts: list[str] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> LayoutResult:
+    """Measure block frequencies of a GGUF and rewrite it frequency-ordered with a manifest."""
+    from aios.data import load_texts, texts_sha256
+
+    handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    if handle.kind != "gguf" or handle.path is None:
+        raise InvalidModelError(f"'{handle.spec}' is not a .gguf file; export it first with `aios-convert gguf`.")
+    out = Path(output)
+    if out.resolve() == handle.path.resolve():
+        raise InvalidModelError("-o must differ from the input file (the input is read while writing).")
+    texts = calibration_texts if calibration_texts is not None else load_texts(config.calibration, config.samples)
+    read = measure_read_fraction(handle, texts, config.max_tokens, progress)
+    reader = handle.store.reader  # type: ignore[union-attr]
+    blocks = []
+    for t in reader.tensors:
+        f = block_frequency(t.name, read, handle.facts.gated_ffn)
+        access = classify(f, config.high, config.low)
+        blocks.append(Block(t.name, f, access, tier(t.name, access, handle.facts.n_layers), int(t.n_bytes)))
+    blocks = order_blocks(blocks)
+    extra = {
+        "aios.layout.config": json.dumps(_portable(config), sort_keys=True),
+        "aios.layout.calibration_sha256": texts_sha256(texts),
+        "aios.layout.tool_version": __version__,
+        "aios.layout.ffn_read_fraction": [round(float(x), 6) for x in read],
+    }
+    _rewrite(handle, out, blocks, extra)
+    sidecar = out.with_name(out.stem + ".aios.json")
+    write_atomic(sidecar, manifest_json(blocks) + "\n")
+    return LayoutResult(out, sidecar, blocks, [float(x) for x in read])
+
+
+def _portable(config: LayoutConfig) -> dict:
+    d = asdict(config)
+    if d["calibration"]:
+        d["calibration"] = Path(d["calibration"]).name
+    return d
+
+
+def _copy_fields(w, reader) -> None:
+    import gguf
+
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key == MANIFEST_KEY \
+                or key.startswith("aios.layout."):
+            continue
+        if key == "general.alignment":
+            w.add_custom_alignment(int(f.contents()))
+            continue
+        vtype = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[1]) if vtype == gguf.GGUFValueType.ARRAY else None
+        if sub == gguf.GGUFValueType.ARRAY:
+            raise InvalidModelError(f"Key '{key}' holds nested arrays, which the layout rewrite does not copy.")
+        w.add_key_value(key, f.contents(), vtype, sub_type=sub)
+
+
+def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -> None:
+    import gguf
+
+    from convert.gguf_export import add_metadata, finalize
+
+    reader = handle.store.reader  # type: ignore[union-attr]
+    by_name = {t.name: t for t in reader.tensors}
+    src_size = handle.path.stat().st_size  # type: ignore[union-attr]
+    digits = len(str(2 * src_size + (64 << 20)))
+    for b in blocks:  # reserve the widest offsets the output can have
+        b.offset = 10**digits - 1
+    slot = len(manifest_json(blocks))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        w = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
+        _copy_fields(w, reader)
+        add_metadata(w, extra)
+        w.add_string(MANIFEST_KEY, " " * slot)  # last key: its bytes end where tensor infos begin
+        for b in blocks:
+            t = by_name[b.name]
+            w.add_tensor_info(b.name, tuple(int(d) for d in reversed(t.shape.tolist())),
+                              np.dtype(np.float32), int(t.n_bytes), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        kv_end = os.path.getsize(tmp)
+        w.write_ti_data_to_file()
+        pos = w.ggml_pad(os.path.getsize(tmp), w.data_alignment)
+        for b in blocks:
+            b.offset = pos
+            pos += w.ggml_pad(b.size, w.data_alignment)
+        text = manifest_json(blocks)
+        assert len(text) <= slot, (len(text), slot)
+        with open(tmp, "r+b") as fh:
+            fh.seek(kv_end - slot)
+            fh.write(text.ljust(slot).encode("ascii"))
+        for b in blocks:
+            t = by_name[b.name]
+            w.write_tensor_data(_FileSlice(handle.path, int(t.data_offset), int(t.n_bytes)))  # type: ignore[arg-type]
+        w.close()
+        _verify_written(Path(tmp), text)
+        finalize(Path(tmp), out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _verify_written(path: Path, text: str) -> None:
+    """The embedded manifest must describe the written file exactly (else nothing is kept)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    embedded = r.get_field(MANIFEST_KEY).contents()  # type: ignore[union-attr]
+    layout = {t.name: (int(t.data_offset), int(t.n_bytes)) for t in r.tensors}
+    problems = verify(Manifest.model_validate_json(embedded), layout)
+    if problems or embedded.strip() != text:
+        raise AssertionError(f"layout rewrite produced an inconsistent manifest: {problems[:1]}")
