@@ -131,9 +131,29 @@ def parse_cachegrind_out(text: str, line_bytes: int = 64) -> CachegrindSample:
 def cachegrind_run(cmd: list[str], out_file: Path, ll_bytes: int, ll_assoc: int = 16, line: int = 64) -> CachegrindSample:
     if not shutil.which("valgrind"):
         raise FileNotFoundError("valgrind is not installed (apt-get install valgrind)")
+    import os
+
+    env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=yes", f"--LL={ll_bytes},{ll_assoc},{line}",
          f"--cachegrind-out-file={out_file}", *cmd],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env=env,
     )
     return parse_cachegrind_out(out_file.read_text(), line)
+
+
+def cachegrind_mb_per_token(model: str, mode: str, n1: int, n2: int, ll_bytes: int, work: Path,
+                            prompt_tokens: int = 16) -> dict:
+    """Simulated DRAM traffic per decoded token: LL misses × line size, slope between n1 and n2."""
+    import sys
+
+    # populate numba's on-disk cache natively first, so no run under valgrind compiles kernels
+    subprocess.run([sys.executable, "-m", "runtime.trace", model, mode, "1", "2"], check=True,
+                   capture_output=True)
+    samples = {}
+    for n in (n1, n2):
+        cmd = [sys.executable, "-m", "runtime.trace", model, mode, str(n), str(prompt_tokens)]
+        samples[n] = cachegrind_run(cmd, work / f"cg-{mode}-{n}.out", ll_bytes)
+    per_token = (samples[n2].dram_bytes - samples[n1].dram_bytes) / (n2 - n1)
+    return {"mb_per_token": per_token / 1e6, "ll_bytes": ll_bytes, "n1": n1, "n2": n2,
+            "ll_misses": {n: s.ll_read_misses + s.ll_write_misses for n, s in samples.items()}}

@@ -131,7 +131,9 @@ class ModelHandle:
 
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # our own progress display owns the terminal
         plan = self.load_plan(available) if dtype is None else {"dtype": dtype, "offload": False}
         kwargs: dict[str, Any] = {"dtype": getattr(torch, plan["dtype"])}
         if plan["offload"]:

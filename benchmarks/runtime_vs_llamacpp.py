@@ -1,0 +1,163 @@
+"""Benchmark the runtime as ratios measured side by side in one run (issue 6, point 5).
+
+1. Streaming bandwidth of this machine: a parallel numba sum over a 1 GiB float32 array.
+2. Our dense f32 decode of a ~1 GB random-init Llama-architecture model: effective weight
+   bandwidth (weight bytes read per token × tokens/s) as a fraction of (1).
+3. Decode tokens/s, ours vs llama.cpp (llama-cpp-python, same threads), on the same f32 and
+   q8_0 files.
+4. Exact sparse decode of a ReLU model with ≥ 85 % exact-zero FFN activations vs llama.cpp's
+   dense decode of the same weights. The model is random-init, built so the gate
+   pre-activations are mostly negative (positive residual stream, negative-mean gate rows):
+   a speed test of the sparse kernel at a known sparsity, not a quality claim.
+
+    python benchmarks/runtime_vs_llamacpp.py [--layers 6] [--tokens 16] [--keep DIR]
+
+Needs llama-cpp-python (in the test extra). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit, prange
+
+ROOT = Path(__file__).resolve().parents[1]
+TOK = ROOT / "aios" / "fixtures" / "tiny-llama"
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _psum(a):
+    n = a.shape[0]
+    chunk = 1 << 16
+    parts = np.zeros((n + chunk - 1) // chunk, np.float32)
+    for c in prange(parts.shape[0]):
+        s = np.float32(0.0)
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            s += a[i]
+        parts[c] = s
+    return parts.sum()
+
+
+def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> float:
+    a = np.ones(nbytes // 4, np.float32)
+    _psum(a)
+    best = min(_timed(lambda: _psum(a)) for _ in range(reps))
+    return nbytes / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def build_model(folder: Path, layers: int, relu_sparse: bool) -> None:
+    """Random-init Llama (d 2048, ffn 5632, GQA 16/2): ~1.06 GB of f32 weights at 6 layers."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(TOK)
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+                      num_attention_heads=16, num_key_value_heads=2, vocab_size=len(tok),
+                      hidden_act="relu" if relu_sparse else "silu", tie_word_embeddings=False,
+                      max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).float()
+    if relu_sparse:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.abs_().add_(1.0)  # positive residual stream
+            for layer in model.model.layers:
+                layer.mlp.gate_proj.weight.sub_(0.02)  # negative-mean gate rows → mostly zeros
+                layer.self_attn.o_proj.weight.mul_(0.1)
+                layer.mlp.down_proj.weight.mul_(0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+
+
+def export(src: Path, out: Path, outtype: str) -> Path:
+    from convert.gguf_export import GGUFExportConfig, export_gguf
+
+    export_gguf(str(src), out, GGUFExportConfig(outtype=outtype))
+    return out
+
+
+def ours(path: Path, mode: str, n: int) -> dict:
+    from runtime.generate import generate
+    from runtime.model import Model
+
+    m = Model(path, mode=mode, n_ctx=256)
+    prompt = list(range(1, 9))
+    generate(m, prompt, 2)  # warm-up
+    _, tm = generate(m, prompt, n)
+    w = tm.decode_bytes["weights"] / tm.generated
+    density = tm.decode_ffn_nnz / (tm.generated * m.hp.n_layers * m.hp.d_ffn)
+    return {"decode_tok_s": tm.decode_tps, "weight_bytes_per_token": w, "ffn_density": density}
+
+
+def llama_cpp(path: Path, n: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=256, n_threads=2, n_batch=8, verbose=False)
+    prompt = list(range(1, 9))
+    llm.eval(prompt)
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    llm.eval([tok])  # warm-up step
+    t = time.perf_counter()
+    for _ in range(n):
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([tok])
+    dt = time.perf_counter() - t
+    return {"decode_tok_s": n / dt}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--keep", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="aios-rt-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out: dict = {}
+    try:
+        out["stream_gb_s"] = round(stream_bandwidth() / 1e9, 2)
+        dense_src, relu_src = work / "dense-hf", work / "relu-hf"
+        if not dense_src.exists():
+            build_model(dense_src, args.layers, relu_sparse=False)
+        if not relu_src.exists():
+            build_model(relu_src, args.layers, relu_sparse=True)
+        f32 = export(dense_src, work / "dense-f32.gguf", "f32")
+        q8 = export(dense_src, work / "dense-q8_0.gguf", "q8_0")
+        relu = export(relu_src, work / "relu-f32.gguf", "f32")
+        o = ours(f32, "dense", args.tokens)
+        out["f32_weight_bytes_per_token"] = int(o["weight_bytes_per_token"])
+        out["ours_f32_tok_s"] = round(o["decode_tok_s"], 3)
+        out["ours_f32_effective_gb_s"] = round(o["weight_bytes_per_token"] * o["decode_tok_s"] / 1e9, 2)
+        out["ratio_effective_over_stream"] = round(out["ours_f32_effective_gb_s"] / out["stream_gb_s"], 3)
+        l32 = llama_cpp(f32, args.tokens)
+        out["llamacpp_f32_tok_s"] = round(l32["decode_tok_s"], 3)
+        out["ratio_ours_over_llamacpp_f32"] = round(o["decode_tok_s"] / l32["decode_tok_s"], 3)
+        oq = ours(q8, "dense", args.tokens)
+        lq = llama_cpp(q8, args.tokens)
+        out["ours_q8_0_tok_s"], out["llamacpp_q8_0_tok_s"] = round(oq["decode_tok_s"], 3), round(lq["decode_tok_s"], 3)
+        out["ratio_ours_over_llamacpp_q8_0"] = round(oq["decode_tok_s"] / lq["decode_tok_s"], 3)
+        sp = ours(relu, "sparse", args.tokens)
+        lr = llama_cpp(relu, args.tokens)
+        out["relu_ffn_exact_zero_fraction"] = round(1 - sp["ffn_density"], 4)
+        out["ours_sparse_tok_s"], out["llamacpp_dense_same_weights_tok_s"] = round(sp["decode_tok_s"], 3), round(lr["decode_tok_s"], 3)
+        out["ratio_ours_sparse_over_llamacpp_dense"] = round(sp["decode_tok_s"] / lr["decode_tok_s"], 3)
+        out["model_f32_bytes"] = f32.stat().st_size
+    finally:
+        print(json.dumps(out, indent=2))
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
