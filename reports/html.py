@@ -43,7 +43,7 @@ th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums;
 img{max-width:100%;height:auto;display:block;margin:8px 0;border:1px solid #d0d7de}
 code,pre{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:.88em;background:#f6f8fa}
 pre{padding:8px;overflow-x:auto;white-space:pre-wrap}
-nav a{margin-right:12px}
+nav a{margin-right:12px}.tw{overflow-x:auto}
 """
 
 
@@ -69,7 +69,7 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[str]], num: set[int] =
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in num else f"<td>{c}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def page(title: str, subtitle: str, sections: list[tuple[str, str, str]]) -> str:
@@ -169,20 +169,17 @@ def _mb_per_token(report: CheckReport, bench: dict | None) -> str:
     t = mb_table(report, bench)
     if not t.columns:
         return '<p class="warn">No projection in this report.</p>'
-    cols = t.columns
-    headers = ["term"] + [c.label for c in cols] + ([] if t.measured else ["measured"])
-    rows = []
-    for term in TERMS + ("total",):
-        row = [esc(TERM_LABELS[term])] + [fmt_mb(c.values.get(term)) for c in cols]
-        rows.append(row + ([] if t.measured else [esc(NOT_MEASURED)]))
-    evid = ["", *(ev(c.evidence) for c in cols)] + ([] if t.measured else [badge("s", "not_measured")])
-    notes = ["", *(esc(c.note) for c in cols)] + ([] if t.measured else [""])
-    series = [(c.label, [c.values.get(k) for k in TERMS + ("total",)], c.evidence) for c in cols]
+    keys = TERMS + ("total",)
+    rows = [[esc(c.label), ev(c.evidence), *(fmt_mb(c.values.get(k)) for k in keys), esc(c.note)] for c in t.columns]
+    if not t.measured:
+        rows.append(["measured", badge("s", "not_measured"), *([esc("—")] * len(keys)), esc(NOT_MEASURED)])
+    series = [(c.label, [c.values.get(k) for k in keys], c.evidence) for c in t.columns]
     p = report.projection
     spec = (f"{p.spec_projected_reduction[0]:.0%}–{p.spec_projected_reduction[1]:.0%}"
             if p and p.spec_projected_reduction else "n/a")
-    return (table(headers, [evid, *rows, notes], set(range(1, len(headers))))
-            + img(plots.mb_per_token([TERM_LABELS[k] for k in TERMS + ("total",)], series),
+    return (table(["source", "evidence", *(f"{TERM_LABELS[k]} MB/token" for k in keys), "note"], rows,
+                  set(range(2, 2 + len(keys))))
+            + img(plots.mb_per_token([TERM_LABELS[k] for k in keys], series),
                   "MB per token by term, projected and measured")
             + "".join(f'<p class="note">{esc(n)}</p>' for n in t.notes)
             + (f"<p>The contract's own claim for {esc(report.tier_name)}: {spec} reduction {ev('projected')} "

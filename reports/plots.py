@@ -41,7 +41,7 @@ def layer_zero_fractions(exact: Sequence[float], near: Sequence[float] | None, f
         ax.bar(x + w / 2, near, w, color="#8ab4f8", label="near zeros |x| < eps (measured, information)")
     ax.axhline(floor, color=THRESHOLD, ls="--", lw=1.2, label=f"R1 floor {floor:.0%} (mean over layers)")
     ax.set(xlabel="layer", ylabel="fraction of FFN activations", ylim=(0, 1.05), xticks=x)
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    fig.legend(loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     return _png(fig)
 
@@ -94,19 +94,23 @@ def mb_per_token(terms: Sequence[str], series: Sequence[tuple[str, Sequence[floa
 
     Projected series are hatched and measured ones solid, so the two are never confused.
     """
-    fig = _figure(8, 1.2 + 0.45 * len(terms) * max(1, len(series)) ** 0.6 + 0.3 * len(series))
+    fig = _figure(8, 1.4 + 0.22 * len(terms) * max(1, len(series)) + 0.2 * math.ceil(len(series) / 2))
     ax = fig.add_subplot()
     y = np.arange(len(terms))
     h = 0.8 / max(1, len(series))
-    palette = ["#d4a72c", "#9a6700", "#1f6feb", "#2da44e", "#8250df", "#bf3989"]
+    palettes = {"projected": ["#d4a72c", "#9a6700", "#e09b13"],  # ambers, hatched
+                "measured": ["#1f6feb", "#2da44e", "#8250df", "#bf3989", "#0969da", "#1a7f37"]}
+    used = {"projected": 0, "measured": 0}
     for k, (label, values, evidence) in enumerate(series):
+        kind = "projected" if evidence == "projected" else "measured"
+        color = palettes[kind][used[kind] % len(palettes[kind])]
+        used[kind] += 1
         vals = [np.nan if v is None else v for v in values]
-        ax.barh(y + (k - (len(series) - 1) / 2) * h, vals, h, label=f"{label} ({evidence})",
-                color=palette[k % len(palette)], hatch="//" if evidence == "projected" else None,
-                edgecolor="white" if evidence == "projected" else None)
+        ax.barh(y + (k - (len(series) - 1) / 2) * h, vals, h, label=f"{label} ({evidence})", color=color,
+                hatch="//" if kind == "projected" else None, edgecolor="white" if kind == "projected" else None)
     ax.set(yticks=y, yticklabels=terms, xlabel="MB per generated token")
     ax.invert_yaxis()
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
@@ -124,8 +128,6 @@ def relufy_curve(steps: Sequence[float], zero: Sequence[float | None], ppl: Sequ
     p = [np.nan if v is None else v for v in ppl]
     ax2.plot(steps, p, "s-", color="#bc4c00", label="held-out perplexity (measured)")
     ax2.set_ylabel("held-out perplexity")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="center right", framealpha=0.9)
+    fig.legend(loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     return _png(fig)

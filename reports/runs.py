@@ -25,8 +25,9 @@ def bench_html(result: dict) -> str:
     skipped = "".join(f"<li>{esc(x)}</li>" for x in result.get("skipped", []))
     body = (table(["run", "decode tok/s", "MB/tok weights", "KV", "activations", "total", "FFN density",
                    "measured reduction", "projected reduction", "measured / projected"], rows, set(range(1, 10)))
-            + f"<p>{ev('measured')} {esc(result.get('evidence', ''))}. Projected reductions come from "
-              f"aios-contract check {ev('projected')} and are not measurements.</p>"
+            + f"<p>Evidence of every MB/token and tok/s figure: {esc(result.get('evidence', 'measured'))} "
+              f"{ev('measured')}. Projected reductions come from aios-contract check {ev('projected')} "
+              "and are not measurements.</p>"
             + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
     base = result.get("baseline", {})
     sub = (f"Baseline {esc(base.get('file'))} [{esc(base.get('mode'))}] · {esc(s.get('prompt_tokens'))} prompt tokens, "
