@@ -100,7 +100,7 @@ def _missing(r: RequirementResult | None, what: str) -> str:
     if r is None or r.status in (Status.not_measured, Status.error) or not r.details:
         why = (r.reason or r.summary) if r else "requirement missing from the report"
         cmd = f" To measure: <code>{esc(r.command)}</code>." if r is not None and r.command else ""
-        return f'<p class="warn">No {esc(what)}: {esc(why)}.{cmd}</p>'
+        return f'<p class="warn">No {esc(what)}: {esc(why.rstrip("."))}.{cmd}</p>'
     return f'<p class="warn">No {esc(what)} in this report (written by an older checker: re-run the check).</p>'
 
 

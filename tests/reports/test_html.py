@@ -52,6 +52,18 @@ def test_check_report_sections_and_images(falcon_report):
     assert check_html(falcon_report) == page  # same report, same bytes (PNG metadata has no date)
 
 
+def test_alias_without_weights_says_what_is_missing():
+    from contract.check import check_model
+
+    page = check_html(check_model("relullama-7b", samples=1, max_tokens=8))
+    assert_self_contained(page)
+    for sid in CHECK_SECTIONS:
+        assert f'<section id="{sid}">' in page
+    r1 = section(page, "r1-layers")
+    assert 'class="warn"' in r1 and "aios-contract fetch" in r1 and not images(r1)
+    assert len(images(section(page, "mb-per-token"))) == 1  # the projection needs no weights
+
+
 def test_check_report_with_bench_puts_measured_beside_projected(falcon_report, bench_result):
     mb = section(check_html(falcon_report, bench_result), "mb-per-token")
     assert NOT_MEASURED not in mb
