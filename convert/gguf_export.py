@@ -45,6 +45,11 @@ SKIP = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
 # activation names that llama.cpp's kernels treat as the same function
 ACT_FAMILY = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
               "gelu_python": "gelu", "gelu_accurate": "gelu", "swish": "silu"}  # fmt: skip
+# how llama.cpp's CPU kernels deviate from the exact function, per activation family
+LLAMA_CPP_ACT_NOTES = {
+    "gelu": "llama.cpp's CPU backend evaluates GELU as the tanh approximation read from an fp16 "
+            "lookup table, so its logits differ from transformers' by about 1e-3 to 1e-2 at f32",
+}
 
 
 def activation_family(name: str) -> str:
@@ -243,6 +248,8 @@ def _aios_metadata(handle: ModelHandle, config: GGUFExportConfig, result: Export
         "aios.export.outtype": config.outtype,
         "aios.export.fallback_count": sum(1 for p in result.plan if p.fallback),
     }
+    if matches and activation_family(runs) in LLAMA_CPP_ACT_NOTES:
+        meta["aios.llama_cpp.activation_note"] = LLAMA_CPP_ACT_NOTES[activation_family(runs)]
     if f.activation_threshold is not None:
         meta["aios.ffn_activation_threshold"] = f.activation_threshold
     if result.fallbacks:

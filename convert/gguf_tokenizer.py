@@ -29,7 +29,7 @@ KNOWN_SPLIT_REGEXES: dict[str, str] = {
     # Qwen2
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
     # GPT-2 written out explicitly
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+": "gpt2",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+": "gpt-2",
 }  # fmt: skip
 
 
@@ -116,7 +116,7 @@ def _pre_tokenizer_name(pre: dict | None) -> tuple[str, str | None]:
     """llama.cpp's name for the declared pre-tokenizer, and a note when it is a guess."""
     steps = pre.get("pretokenizers", [pre]) if isinstance(pre, dict) else []
     if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex", True):
-        return "gpt2", None  # ByteLevel's built-in regex is GPT-2's
+        return "gpt-2", None  # ByteLevel's built-in regex is GPT-2's
     for step in steps:
         if step.get("type") == "Split":
             regex = (step.get("pattern") or {}).get("Regex")

@@ -1,0 +1,369 @@
+"""``aios-convert gguf``: names/keys, parity with transformers and llama.cpp, quantization
+error, per-tensor fallbacks, determinism, atomic writes, activation and sparsity metadata."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aios.data import load_heldout
+from aios.models import resolve_model
+from aios.models.aliases import find_alias
+from convert import gguf_tensors as gt
+from convert.cli import main
+from convert.gguf_export import GGUFExportConfig, export_gguf
+from tests.conftest import build_hf_model
+
+FIXTURES = ("tiny-falcon", "tiny-llama")
+PARITY_ATOL = 3e-4
+
+
+def fixture_dir(name: str) -> Path:
+    alias = find_alias(name)
+    assert alias is not None and alias.local_path is not None
+    return alias.local_path
+
+
+def export(model, out: Path, outtype: str = "f32", **kw) -> Path:
+    export_gguf(str(model), out, GGUFExportConfig(outtype, **kw))
+    return out
+
+
+@pytest.fixture(scope="module")
+def f32_exports(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("f32")
+    return {name: export(name, d / f"{name}.gguf") for name in FIXTURES}
+
+
+def held_out_ids(tokenizer, n_texts: int = 2, max_len: int = 96) -> list[list[int]]:
+    return [tokenizer(t)["input_ids"][:max_len] for t in load_heldout(limit=n_texts)]
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
+    """Logits of every position from llama.cpp, F32 KV cache, 2 threads."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, type_k=0, type_v=0,
+                n_threads=2, verbose=False, seed=0)
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def with_tokenizer_of(folder: Path, fixture: str = "tiny-falcon") -> Path:
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(fixture_dir(fixture) / f, folder / f)
+    return folder
+
+
+# --- names, keys, tokenizer -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_standard_names_and_aios_keys(f32_exports, name):
+    path = f32_exports[name]
+    r = gguf.GGUFReader(str(path))
+    h = resolve_model(name)
+    arch = h.arch.gguf_arch.lower()
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[h.arch.gguf_arch], h.facts.n_layers)
+    expected = {tmap.get_name(n, try_suffixes=(".weight", ".bias")) for n in h.store.inventory}
+    assert {t.name for t in r.tensors} == expected
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in r.tensors)
+    field = lambda k: r.get_field(k).contents()  # noqa: E731
+    assert field("general.architecture") == arch
+    assert field(f"{arch}.block_count") == h.facts.n_layers
+    assert field(f"{arch}.attention.head_count_kv") == h.facts.n_kv_heads
+    assert field(f"{arch}.feed_forward_length") == h.facts.d_ffn
+    assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "gpt-2"
+    assert len(field("tokenizer.ggml.tokens")) == 2048 and len(field("tokenizer.ggml.merges")) == 1791
+    assert field("tokenizer.ggml.add_bos_token") is False  # the fixtures' tokenizer adds no BOS
+    assert field("aios.ffn_activation") == h.facts.activation
+    assert field("aios.contract_version") == "1.0"
+    assert field("aios.llama_cpp.activation_matches") is True
+    prov = json.loads(field("aios.provenance"))
+    assert prov["source"]["name"] == name and prov["converter_config"]["outtype"] == "f32"
+    if name == "tiny-falcon":  # tied: no output.weight, llama.cpp reuses token_embd
+        assert "output.weight" not in expected
+    # the reader the checker uses sees our facts
+    g = resolve_model(str(path))
+    assert (g.facts.n_kv_heads, g.facts.activation, g.facts.d_ffn) == (
+        h.facts.n_kv_heads, h.facts.activation, h.facts.d_ffn)
+
+
+# --- parity ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_transformers_gguf_loader_parity(f32_exports, name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = f32_exports[name]
+    h = resolve_model(name)
+    ref, tok = h.load_torch(dtype="float32"), h.load_tokenizer()
+    got = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    gtok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for ids, text in zip(held_out_ids(tok), load_heldout(limit=2)):
+        assert gtok(text)["input_ids"][: len(ids)] == ids
+        a, b = hf_logits(ref, ids), hf_logits(got, ids)
+        assert np.abs(a - b).max() <= PARITY_ATOL
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_llama_cpp_parity_llama(f32_exports):
+    path = f32_exports["tiny-llama"]
+    h = resolve_model("tiny-llama")
+    ref, tok = h.load_torch(dtype="float32"), h.load_tokenizer()
+    for ids in held_out_ids(tok):
+        a, b = hf_logits(ref, ids), llama_cpp_logits(path, ids)
+        diff = float(np.abs(a - b).max())
+        assert diff <= PARITY_ATOL, f"tiny-llama: max |Δlogit| {diff:.2e}"
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+class GgmlGelu(torch.nn.Module):
+    """GELU as llama.cpp's CPU backend computes it: the tanh approximation, read from a table
+    indexed by the fp16-rounded input and holding fp16 outputs (ggml-cpu ``GGML_GELU_FP16``)."""
+
+    def forward(self, x):
+        xh = x.half().float()
+        y = (0.5 * xh * (1 + torch.tanh(0.7978845608 * xh * (1 + 0.044715 * xh * xh)))).half().float()
+        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
+
+
+def test_llama_cpp_parity_falcon(f32_exports):
+    """llama.cpp hard-codes an approximate GELU for falcon, so parity is measured twice:
+    against transformers running that same GELU (the export's correctness, at the fp16-table
+    noise floor: the same model in f32 vs f64 already differs by ~6e-4 there), and against
+    transformers' exact GELU (what a user of llama.cpp gets: ~1e-2, top-1 equal except at ties)."""
+    path = f32_exports["tiny-falcon"]
+    h = resolve_model("tiny-falcon")
+    exact, tok = h.load_torch(dtype="float32"), h.load_tokenizer()
+    same_gelu = h.load_torch(dtype="float32")
+    for i in range(h.facts.n_layers):
+        same_gelu.transformer.h[i].mlp.act = GgmlGelu()
+    for ids in held_out_ids(tok):
+        got = llama_cpp_logits(path, ids)
+        a = hf_logits(same_gelu, ids)
+        assert np.abs(a - got).max() <= 1e-3
+        assert (a.argmax(-1) == got.argmax(-1)).all()
+        e = hf_logits(exact, ids)
+        diff = float(np.abs(e - got).max())
+        assert diff <= 3e-2
+        top2 = np.sort(e, axis=-1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 2 * diff  # positions that are not near-ties
+        assert (e.argmax(-1) == got.argmax(-1))[clear].all()
+
+
+def test_pre_tokenizer_names_are_known_to_llama_cpp(tmp_path):
+    """Every pre-tokenizer name the exporter can write is one llama.cpp accepts."""
+    from llama_cpp import Llama
+
+    from convert.gguf_tokenizer import KNOWN_SPLIT_REGEXES
+
+    src = gguf.GGUFReader(str(export("tiny-llama", tmp_path / "v.gguf")))
+    for pre in sorted(set(KNOWN_SPLIT_REGEXES.values()) | {"default"}):
+        w = gguf.GGUFWriter(str(tmp_path / f"{pre}.gguf"), "llama")
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+            f = src.get_field(key)
+            w.add_key_value(key, f.contents(), gguf.GGUFValueType.ARRAY, gguf.GGUFValueType(f.types[1]))
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        for fn in (w.write_header_to_file, w.write_kv_data_to_file, w.write_ti_data_to_file, w.close):
+            fn()
+        Llama(model_path=str(tmp_path / f"{pre}.gguf"), vocab_only=True, verbose=False).close()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_llama_cpp_tokenizes_like_transformers(f32_exports, name):
+    from llama_cpp import Llama
+
+    tok = resolve_model(name).load_tokenizer()
+    llm = Llama(model_path=str(f32_exports[name]), vocab_only=True, verbose=False)
+    try:
+        for text in load_heldout(limit=8):
+            assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok(text)["input_ids"]
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder"])
+def test_other_layouts_llama_cpp_parity(tmp_path, kind):
+    """GPT-2's transposed Conv1D and Falcon-40B's grouped QKV, on random tiny models."""
+    folder = with_tokenizer_of(build_hf_model(kind, tmp_path / kind, vocab_size=2048))
+    out = export(folder, tmp_path / f"{kind}.gguf")
+    h = resolve_model(str(folder))
+    ref = h.load_torch(dtype="float32")
+    ids = held_out_ids(h.load_tokenizer(), n_texts=1, max_len=48)[0]
+    a, b = hf_logits(ref, ids), llama_cpp_logits(out, ids)
+    assert np.abs(a - b).max() <= PARITY_ATOL
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+# --- quantized exports -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outtype, min_sqnr", [("q8_0", 38.0), ("q4_0", 16.0), ("f16", 60.0), ("bf16", 40.0)])
+def test_quantized_export_dequantizes_within_bounds(f32_exports, tmp_path, outtype, min_sqnr):
+    """Each block's error stays within half (Q8_0) or one (Q4_0) quantization step of its scale."""
+    ref = {t.name: t for t in gguf.GGUFReader(str(f32_exports["tiny-llama"])).tensors}
+    out = export("tiny-llama", tmp_path / f"q.{outtype}.gguf", outtype)
+    qtype = gt.ggml_type(outtype)
+    for t in gguf.GGUFReader(str(out)).tensors:
+        x = np.asarray(ref[t.name].data, dtype=np.float32).reshape(-1)
+        if len(t.shape) == 1:
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32
+            continue
+        assert t.tensor_type == qtype
+        y = gguf.dequantize(t.data, t.tensor_type).reshape(-1)
+        assert gt.sqnr_db(x, y) >= min_sqnr, t.name
+        if outtype in ("q8_0", "q4_0"):
+            blocks = np.asarray(t.data).reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
+            d = np.abs(blocks[:, :2].copy().view(np.float16).astype(np.float32))  # (n_blocks, 1)
+            step = 0.5 if outtype == "q8_0" else 1.0  # Q4_0 clips the far end to 7·d
+            err = np.abs(x - y).reshape(-1, 32)
+            assert (err <= d * (step + 0.07) + 1e-7).all(), t.name
+
+
+def test_fallback_per_tensor_is_reported(tmp_path):
+    folder = build_hf_model("llama", tmp_path / "odd", intermediate_size=100)  # 100 % 32 != 0
+    res = CliRunner().invoke(main, ["gguf", str(folder), "-o", str(tmp_path / "odd.gguf"), "--outtype", "q8_0"])
+    assert res.exit_code == 0, res.output
+    assert "fallback" in res.output and "blk.0.ffn_down.weight" in res.output
+    r = gguf.GGUFReader(str(tmp_path / "odd.gguf"))
+    types = {t.name: t.tensor_type for t in r.tensors}
+    assert types["blk.0.ffn_down.weight"] == gguf.GGMLQuantizationType.F16
+    assert types["blk.0.ffn_up.weight"] == gguf.GGMLQuantizationType.Q8_0
+    fb = r.get_field("aios.export.fallbacks").contents()
+    assert len(fb) == 2 and all("not a multiple of the Q8_0 block" in s for s in fb)
+    assert r.get_field("aios.export.fallback_count").contents() == 2
+
+
+# --- determinism, dry run, streaming, errors -------------------------------------------------
+
+
+def test_byte_identical_and_dry_run(tmp_path):
+    a = export("tiny-falcon", tmp_path / "a" / "m.gguf", "q8_0")
+    b = export("tiny-falcon", tmp_path / "b" / "m.gguf", "q8_0")
+    assert a.read_bytes() == b.read_bytes()
+    res = CliRunner().invoke(main, ["gguf", "tiny-falcon", "-o", str(tmp_path / "dry.gguf"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "blk.5.attn_qkv.weight" in res.output and "would write" in res.output
+    assert not (tmp_path / "dry.gguf").exists()
+
+
+def test_chunked_encoding_matches_whole_tensor(monkeypatch, tmp_path):
+    whole = export("tiny-llama", tmp_path / "whole.gguf", "q4_0")
+    monkeypatch.setattr(gt, "CHUNK_BYTES", 4096)  # many chunks per tensor
+    chunked = export("tiny-llama", tmp_path / "chunked.gguf", "q4_0")
+    assert whole.read_bytes() == chunked.read_bytes()
+
+
+def test_interrupted_export_leaves_nothing(monkeypatch, tmp_path):
+    calls = {"n": 0}
+    real = gt.encode
+
+    def flaky(x, outtype):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(x, outtype)
+
+    monkeypatch.setattr(gt, "encode", flaky)
+    out = tmp_path / "out" / "m.gguf"
+    res = CliRunner().invoke(main, ["gguf", "tiny-llama", "-o", str(out)])
+    assert res.exit_code == 130 and "nothing was written" in res.output
+    assert list(out.parent.iterdir()) == []
+
+
+def test_user_errors_exit_codes(tmp_path, hf_model):
+    run = lambda *a: CliRunner().invoke(main, ["gguf", *a])  # noqa: E731
+    out = tmp_path / "x.gguf"
+    res = run(str(tmp_path / "missing"), "-o", str(out))
+    assert res.exit_code == 4 and "Traceback" not in res.output
+    assert run("tiny-llama", "-o", str(out), "--outtype", "q5_k").exit_code == 2
+    res = run(str(hf_model("gemma2")), "-o", str(out))
+    assert res.exit_code == 4 and "supports falcon, llama, mistral and gpt2" in res.output
+    bad = tmp_path / "bad"
+    shutil.copytree(fixture_dir("tiny-llama"), bad)
+    (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{broken")
+    assert run(str(bad), "-o", str(out)).exit_code == 4
+    assert run("tiny-llama", "-o", str(out), "--sparsity-map", str(tmp_path / "none.npz")).exit_code == 4
+    assert not out.exists()
+
+
+# --- declared activation and sparsity maps ---------------------------------------------------
+
+
+def relufied_llama(tmp_path: Path) -> Path:
+    folder = tmp_path / "relu-llama"
+    shutil.copytree(fixture_dir("tiny-llama"), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["hidden_act"] = "relu"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_activation_mismatch_is_warned_and_recorded(tmp_path):
+    folder = relufied_llama(tmp_path)
+    out = tmp_path / "relu.gguf"
+    res = CliRunner().invoke(main, ["gguf", str(folder), "-o", str(out), "--outtype", "f32"])
+    assert res.exit_code == 0, res.output
+    assert "warning" in res.output and "aios-run" in res.output
+    r = gguf.GGUFReader(str(out))
+    assert r.get_field("aios.ffn_activation").contents() == "relu"
+    assert r.get_field("aios.llama_cpp.ffn_activation").contents() == "silu"
+    assert r.get_field("aios.llama_cpp.activation_matches").contents() is False
+    assert "aios-run" in r.get_field("aios.runtime.note").contents()
+    assert any("llama.cpp would execute" in n for n in resolve_model(str(out)).notes)
+
+
+def write_map(path: Path, n_layers: int, d_ffn: int, header: dict | None = None) -> Path:
+    rng = np.random.default_rng(0)
+    np.savez(path, **{f"layer_{i}": rng.random(d_ffn) < 0.3 for i in range(n_layers)})
+    if header is not None:
+        path.with_suffix(".json").write_text(json.dumps(header))
+    return path
+
+
+def test_sparsity_map_embedded_and_llama_cpp_refuses(tmp_path):
+    from convert.gguf_sparsity import load_sparsity_map
+
+    smap = write_map(tmp_path / "map.npz", 6, 352, {"mode": "balanced"})
+    out = tmp_path / "sparse.gguf"
+    res = CliRunner().invoke(main, ["gguf", "tiny-llama", "-o", str(out), "--sparsity-map", str(smap)])
+    assert res.exit_code == 0, res.output
+    assert "llama.cpp loads it: no" in res.output
+    r = gguf.GGUFReader(str(out))
+    masks = load_sparsity_map(smap)
+    stored = {t.name: t for t in r.tensors if t.name.endswith("ffn_active")}
+    assert len(stored) == 6
+    for i, m in masks.items():
+        t = stored[f"blk.{i}.ffn_active"]
+        assert t.tensor_type == gguf.GGMLQuantizationType.I8
+        assert np.array_equal(np.asarray(t.data).astype(bool), m)
+    assert r.get_field("aios.sparsity.mode").contents() == "balanced"
+    assert "aios-run" in r.get_field("aios.sparsity.runtime").contents()
+    from llama_cpp import Llama
+
+    with pytest.raises(ValueError):  # "wrong number of tensors": llama.cpp refuses the file
+        Llama(model_path=str(out), verbose=False)
+
+
+def test_sparsity_map_shape_mismatch(tmp_path):
+    smap = write_map(tmp_path / "bad.npz", 6, 100)
+    res = CliRunner().invoke(main, ["gguf", "tiny-llama", "-o", str(tmp_path / "x.gguf"), "--sparsity-map", str(smap)])
+    assert res.exit_code == 4 and "d_ffn is 352" in res.output
