@@ -2,11 +2,14 @@
 
 Kinds: ``check`` (``aios-contract check``, validated against :class:`CheckReport`), ``bench``
 (``aios-run bench``), ``relufy`` (the provenance ``aios-convert relufy`` writes) and
-``compare`` (``aios-contract compare``). The relufy input needs only a curve:
+``compare`` (``aios-contract compare``). A relufy input needs a curve or before/after metrics:
 
     {"curve": [{"step": 0, "exact_zero_fraction": 0.0, "heldout_ppl": 48.9}, ...],
-     "metrics": {"before": {...}, "after": {...}},          # optional, numbers shown as a table
-     "source_model": "...", "config": {...}}                 # optional provenance
+     "metrics": {"before": {...}, "after_swap": {...}, "after": {...}},  # optional, shown as a table
+     "steps": 400, "source": {"model": "..."}, "config": {...}}          # optional provenance
+
+``aios-convert relufy`` writes this as ``aios_relufy.json`` in its output folder, naming the
+curve values ``mean_exact_zero_fraction`` and ``heldout_perplexity``; both spellings are read.
 """
 
 from __future__ import annotations

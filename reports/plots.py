@@ -116,7 +116,7 @@ def mb_per_token(terms: Sequence[str], series: Sequence[tuple[str, Sequence[floa
 
 
 def relufy_curve(steps: Sequence[float], zero: Sequence[float | None], ppl: Sequence[float | None],
-                 floor: float = 0.7) -> bytes:
+                 floor: float = 0.7, source_ppl: float | None = None) -> bytes:
     """Exact-zero fraction (left axis) and held-out perplexity (right axis) over fine-tuning steps."""
     fig = _figure(8, 3.4)
     ax = fig.add_subplot()
@@ -127,6 +127,8 @@ def relufy_curve(steps: Sequence[float], zero: Sequence[float | None], ppl: Sequ
     ax2 = ax.twinx()
     p = [np.nan if v is None else v for v in ppl]
     ax2.plot(steps, p, "s-", color="#bc4c00", label="held-out perplexity (measured)")
+    if source_ppl is not None:
+        ax2.axhline(source_ppl, color="#bc4c00", ls=":", lw=1.2, label=f"source model perplexity {source_ppl:.4g}")
     ax2.set_ylabel("held-out perplexity")
     fig.legend(loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     ax.grid(alpha=0.3)

@@ -40,30 +40,67 @@ def bench_html(result: dict) -> str:
     ])
 
 
-def relufy_html(data: dict) -> str:
-    curve = data.get("curve") or []
+ZERO_KEYS = ("mean_exact_zero_fraction", "exact_zero_fraction")
+PPL_KEYS = ("heldout_perplexity", "heldout_ppl")
+
+
+def _get(d: dict, keys: tuple[str, ...]):
+    return next((d[k] for k in keys if d.get(k) is not None), None)
+
+
+def relufy_curve_points(data: dict) -> list[tuple[float, float | None, float | None]]:
+    """(step, exact-zero fraction, held-out perplexity), with the converter's start and end
+    measurements (``metrics.after_swap`` at step 0, ``metrics.after`` at the last step) added
+    when the evaluated curve does not already hold those steps."""
     metrics = data.get("metrics") or {}
-    keys = sorted({k for v in metrics.values() if isinstance(v, dict) for k in v})
-    phases = [p for p, v in metrics.items() if isinstance(v, dict)]
-    summary = (table(["metric", *phases], [[esc(k), *(fmt(metrics[p].get(k)) for p in phases)] for k in keys])
-               if keys else "<p>No before/after metrics in this file.</p>")
-    cfg = data.get("config")
-    summary += (f"<p>{ev('measured')} Before/after numbers measured by the converter.</p>"
-                + (f"<p>Converter config:</p><pre>{esc(cfg)}</pre>" if cfg else ""))
-    if curve:
-        steps = [c["step"] for c in curve]
-        zero = [c.get("exact_zero_fraction") for c in curve]
-        ppl = [c.get("heldout_ppl") for c in curve]
-        floor = requirement("R1")["min_mean_zero_fraction"]
-        body = (img(plots.relufy_curve(steps, zero, ppl, floor), "relufy sparsity and perplexity curve")
-                + f"<p>{ev('measured')} Exact-zero fraction of FFN activations and held-out perplexity, "
-                  "evaluated during recovery fine-tuning.</p>"
-                + table(["step", "exact-zero fraction", "held-out perplexity"],
-                        [[fmt(s), fmt(z), fmt(p)] for s, z, p in zip(steps, zero, ppl)], {0, 1, 2}))
-    else:
-        body = '<p class="warn">No curve in this file.</p>'
+    pts = {c["step"]: (_get(c, ZERO_KEYS), _get(c, PPL_KEYS)) for c in data.get("curve") or []}
+    start, end = metrics.get("after_swap"), metrics.get("after")
+    if isinstance(start, dict) and 0 not in pts:
+        pts[0] = (_get(start, ZERO_KEYS), _get(start, PPL_KEYS))
+    last = data.get("steps") or (data.get("config") or {}).get("steps")
+    if isinstance(end, dict) and last is not None and last not in pts:
+        pts[last] = (_get(end, ZERO_KEYS), _get(end, PPL_KEYS))
+    return [(k, *pts[k]) for k in sorted(pts)]
+
+
+def _source(data: dict) -> str:
     src = data.get("source_model") or data.get("source") or "?"
-    sub = f"source <code>{esc(src)}</code> · {esc(data.get('tool', 'aios-convert relufy'))} {esc(data.get('tool_version', ''))}"
+    return str(src.get("model") or src.get("name") or src) if isinstance(src, dict) else str(src)
+
+
+def _cell(v) -> str:
+    if isinstance(v, list):
+        return esc(", ".join(f"{x:.3f}" if isinstance(x, float) else str(x) for x in v))
+    return fmt(v)
+
+
+def relufy_html(data: dict) -> str:
+    metrics = data.get("metrics") or {}
+    phases = [p for p, v in metrics.items() if isinstance(v, dict)]
+    keys = list(dict.fromkeys(k for p in phases for k in metrics[p]))
+    summary = (table(["metric", *phases], [[esc(k), *(_cell(metrics[p].get(k)) for p in phases)] for k in keys])
+               if keys else "<p>No before/after metrics in this file.</p>")
+    scalars = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
+    summary += "".join(f"<p>{esc(k)}: <b>{fmt(v)}</b></p>" for k, v in scalars.items())
+    cfg = data.get("config")
+    summary += (f"<p>{ev('measured')} Numbers measured by the converter on held-out text and the calibration "
+                "set (before = source model, after_swap = activation swapped, no training).</p>"
+                + (f"<p>Converter config:</p><pre>{esc(cfg)}</pre>" if cfg else ""))
+    pts = relufy_curve_points(data)
+    if pts:
+        steps, zero, ppl = (list(x) for x in zip(*pts))
+        before = metrics.get("before") if isinstance(metrics.get("before"), dict) else {}
+        floor = requirement("R1")["min_mean_zero_fraction"]
+        body = (img(plots.relufy_curve(steps, zero, ppl, floor, _get(before, PPL_KEYS)),
+                    "relufy sparsity and perplexity curve")
+                + f"<p>{ev('measured')} Exact-zero fraction of FFN activations (R1's measure) and held-out "
+                  "perplexity over recovery fine-tuning.</p>"
+                + table(["step", "exact-zero fraction", "held-out perplexity"],
+                        [[fmt(s), fmt(z), fmt(p)] for s, z, p in pts], {0, 1, 2}))
+    else:
+        body = '<p class="warn">No curve and no before/after metrics in this file.</p>'
+    sub = (f"source <code>{esc(_source(data))}</code> · {esc(data.get('tool', 'aios-convert relufy'))} "
+           f"{esc(data.get('tool_version', ''))}")
     return page("aios-convert relufy: sparsity vs perplexity", sub, [
         ("relufy-summary", "Before and after", summary),
         ("relufy-curve", "Sparsity / perplexity curve", body),
@@ -72,15 +109,16 @@ def relufy_html(data: dict) -> str:
 
 def relufy_markdown(data: dict) -> str:
     """The relufy curve and before/after metrics as GitHub-flavoured Markdown."""
-    lines = [f"## aios-convert relufy: `{data.get('source_model') or data.get('source') or '?'}`", ""]
+    lines = [f"## aios-convert relufy: `{_source(data)}`", ""]
     metrics = {p: v for p, v in (data.get("metrics") or {}).items() if isinstance(v, dict)}
-    keys = sorted({k for v in metrics.values() for k in v})
+    keys = [k for k in dict.fromkeys(k for v in metrics.values() for k in v)
+            if not any(isinstance(v.get(k), list) for v in metrics.values())]
     if keys:
         lines += ["| Metric (measured) | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
         lines += [f"| {k} | " + " | ".join(str(metrics[p].get(k, "—")) for p in metrics) + " |" for k in keys]
         lines.append("")
-    curve = data.get("curve") or []
-    if curve:
+    pts = relufy_curve_points(data)
+    if pts:
         lines += ["| Step | Exact-zero fraction | Held-out perplexity |", "|---|---|---|"]
-        lines += [f"| {c['step']} | {c.get('exact_zero_fraction', '—')} | {c.get('heldout_ppl', '—')} |" for c in curve]
+        lines += [f"| {s} | {'—' if z is None else z} | {'—' if p is None else p} |" for s, z, p in pts]
     return "\n".join(lines) + "\n"

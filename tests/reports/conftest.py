@@ -87,14 +87,18 @@ def bench_result() -> dict:
 
 @pytest.fixture(scope="session")
 def relufy_provenance() -> dict:
-    """The documented relufy input shape (reports/load.py)."""
+    """Shaped like the ``aios_relufy.json`` that convert/relufy_run.py writes (numbers made up)."""
+    def m(zero, ppl):
+        return {"heldout_perplexity": ppl, "mean_exact_zero_fraction": zero,
+                "per_layer_exact_zero_fraction": [zero] * 6}
+
     return {
-        "tool": "aios-convert relufy", "tool_version": "0.1.0", "source_model": "tiny-falcon",
-        "config": {"steps": 200, "lr": 3e-4, "l1": 1e-3},
-        "metrics": {"before": {"exact_zero_fraction": 0.0, "heldout_ppl": 48.9},
-                    "after": {"exact_zero_fraction": 0.91, "heldout_ppl": 52.3}},
-        "curve": [{"step": s, "exact_zero_fraction": z, "heldout_ppl": p}
-                  for s, z, p in [(0, 0.45, 120.0), (50, 0.62, 61.0), (100, 0.78, 55.1), (200, 0.91, 52.3)]],
+        "format_version": 1, "tool": "aios-convert relufy", "tool_version": "0.1.0",
+        "source": {"model": "tiny-falcon", "name": "tiny-falcon", "architecture": "falcon", "activation": "gelu"},
+        "config": {"activation": "relu", "steps": 200, "lr": 0.002, "l1": 2.0}, "steps": 200,
+        "metrics": {"before": m(0.0, 48.9), "after_swap": m(0.45, 120.0), "after": m(0.91, 52.3),
+                    "perplexity_ratio": 1.0695},
+        "curve": [{"step": s, **m(z, p)} for s, z, p in [(50, 0.62, 61.0), (100, 0.78, 55.1)]],
     }
 
 

@@ -12,10 +12,12 @@ from contract.cli import main
 from reports.check_reports import STEP_SUMMARY_LIMIT, fit_step_summary, to_markdown
 from reports.html import check_html
 from reports.measured import NOT_MEASURED
-from reports.runs import bench_html, relufy_html
+from reports.runs import bench_html, relufy_curve_points, relufy_html
 
 CHECK_SECTIONS = ("scorecard", "r1-layers", "activation-frequency", "similarity-heatmap", "mb-per-token",
                   "metrics", "provenance")
+MINIMAL_RELUFY = {"curve": [{"step": 0, "exact_zero_fraction": 0.4, "heldout_ppl": 90.0},
+                            {"step": 10, "exact_zero_fraction": 0.8, "heldout_ppl": 60.0}]}  # documented shape
 IMG = re.compile(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
 
 
@@ -81,8 +83,12 @@ def test_bench_and_relufy_reports(bench_result, relufy_provenance):
     page = relufy_html(relufy_provenance)
     assert_self_contained(page)
     curve = section(page, "relufy-curve")
-    assert len(images(curve)) == 1 and "52.3" in curve
-    assert "heldout_ppl" in section(page, "relufy-summary")
+    assert len(images(curve)) == 1
+    assert [s for s, _, _ in relufy_curve_points(relufy_provenance)] == [0, 50, 100, 200]  # swap, evals, end
+    assert "120" in curve and "52.3" in curve and "0.91" in curve
+    assert "heldout_perplexity" in section(page, "relufy-summary") and "perplexity_ratio" in page
+    minimal = relufy_html(MINIMAL_RELUFY)
+    assert len(images(section(minimal, "relufy-curve"))) == 1 and "90" in minimal
 
 
 def test_report_command_renders_every_kind(tmp_path, falcon_report, bench_result, relufy_provenance):
