@@ -238,6 +238,15 @@ def test_quantized_export_dequantizes_within_bounds(f32_exports, tmp_path, outty
             assert (err <= d * (step + 0.07) + 1e-7).all(), t.name
 
 
+@pytest.mark.parametrize("outtype, min_top1", [("q8_0", 0.95), ("q4_0", 0.7)])
+def test_quantized_exports_run_in_llama_cpp(tmp_path, outtype, min_top1):
+    out = export("tiny-llama", tmp_path / f"{outtype}.gguf", outtype)
+    h = resolve_model("tiny-llama")
+    ids = held_out_ids(h.load_tokenizer(), n_texts=1)[0]
+    a, b = hf_logits(h.load_torch(dtype="float32"), ids), llama_cpp_logits(out, ids)
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= min_top1  # measured: 0.99 and 0.83
+
+
 def test_fallback_per_tensor_is_reported(tmp_path):
     folder = build_hf_model("llama", tmp_path / "odd", intermediate_size=100)  # 100 % 32 != 0
     res = CliRunner().invoke(main, ["gguf", str(folder), "-o", str(tmp_path / "odd.gguf"), "--outtype", "q8_0"])
