@@ -144,8 +144,16 @@ class ModelHandle:
         try:
             if self.kind == "gguf":
                 assert self.path is not None
+                from transformers import AutoConfig
+
+                # transformers' GGUF loader, like llama.cpp, assumes the architecture's stock
+                # activation; run the one the file declares (aios.ffn_activation) instead.
+                cfg = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+                key = self.arch.activation_keys[0]
+                if getattr(cfg, key, None) != self.facts.activation:
+                    setattr(cfg, key, self.facts.activation)
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(self.path.parent), gguf_file=self.path.name, **kwargs
+                    str(self.path.parent), gguf_file=self.path.name, config=cfg, **kwargs
                 )
             else:
                 model = AutoModelForCausalLM.from_pretrained(

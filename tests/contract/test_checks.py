@@ -239,3 +239,23 @@ def test_bundled_llama_gqa_facts():
     assert h.facts.n_kv_heads == 2 and h.facts.gated_ffn and h.facts.activation == "silu"
     assert r2_kv_cache.check(h, ctx(1)).status == Status.passed
     assert len(h.facts.core_zone) >= 1
+
+
+def test_r1_on_gguf_runs_the_declared_activation(tmp_path):
+    """transformers' GGUF loader assumes GELU for falcon; the checker must run the declared ReLU."""
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+    from convert.gguf_export import GGUFExportConfig, export_gguf
+
+    folder = tmp_path / "relu-falcon"
+    shutil.copytree(FIXTURES_DIR / "tiny-falcon", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["activation"] = "relu"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "relu.gguf"
+    export_gguf(str(folder), out, GGUFExportConfig(outtype="f32"))
+    c1, c2 = ctx(16), ctx(16)
+    hf = r1_sparsity.check(resolve_model(str(folder)), c1).metric("mean_exact_zero_fraction").value
+    gg = r1_sparsity.check(resolve_model(str(out)), c2).metric("mean_exact_zero_fraction").value
+    assert hf > 0.3 and abs(hf - gg) < 0.01
