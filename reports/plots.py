@@ -130,6 +130,9 @@ def relufy_curve(steps: Sequence[float], zero: Sequence[float | None], ppl: Sequ
     if source_ppl is not None:
         ax2.axhline(source_ppl, color="#bc4c00", ls=":", lw=1.2, label=f"source model perplexity {source_ppl:.4g}")
     ax2.set_ylabel("held-out perplexity")
+    finite = [v for v in p if not np.isnan(v)] + ([source_ppl] if source_ppl else [])
+    if finite and min(finite) > 0 and max(finite) / min(finite) > 10:
+        ax2.set_yscale("log")  # a swapped activation can raise perplexity by orders of magnitude
     fig.legend(loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     return _png(fig)

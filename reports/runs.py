@@ -6,6 +6,8 @@ self-contained HTML as the check report and to Markdown.
 
 from __future__ import annotations
 
+import json
+
 from contract.spec import requirement
 from reports import plots
 from reports.html import esc, ev, fmt, fmt_mb, img, page, table
@@ -85,7 +87,7 @@ def relufy_html(data: dict) -> str:
     cfg = data.get("config")
     summary += (f"<p>{ev('measured')} Numbers measured by the converter on held-out text and the calibration "
                 "set (before = source model, after_swap = activation swapped, no training).</p>"
-                + (f"<p>Converter config:</p><pre>{esc(cfg)}</pre>" if cfg else ""))
+                + (f"<p>Converter config:</p><pre>{esc(json.dumps(cfg))}</pre>" if cfg else ""))
     pts = relufy_curve_points(data)
     if pts:
         steps, zero, ppl = (list(x) for x in zip(*pts))

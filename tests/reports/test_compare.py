@@ -82,6 +82,17 @@ def test_r1_regression_relufied_vs_original(falcon_report):
     assert compare(relufied, falcon_report).regressions[:1] == ["R1"]
 
 
+@pytest.mark.slow
+def test_r1_regression_after_real_relufy(tmp_path, falcon_report):
+    """aios-convert relufy (a few steps) on the fixture, then compare against the original."""
+    relufy = pytest.importorskip("convert.relufy")
+    res = relufy.relufy("tiny-falcon", tmp_path / "relu", relufy.RelufyConfig(steps=4))
+    relufied = check_model(str(res.out), samples=4, max_tokens=16)
+    assert {r.id: r.status.value for r in relufied.requirements}["R1"] == "pass"
+    c = compare(relufied, falcon_report)
+    assert c.regressions == ["R1"] and c.exit_code == 1
+
+
 def test_compare_errors(tmp_path, falcon_report):
     good = dump(falcon_report, tmp_path / "good.json")
     assert run(str(good), str(tmp_path / "missing.json")).exit_code == 4
