@@ -45,8 +45,8 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
         console.print(f"[yellow]fallback:[/] {f}")
     where = "would write" if dry_run else "wrote"
     console.print(f"{where} {output}: {len(result.plan)} tensors, {result.total_bytes / 2**20:,.2f} MiB of "
-                  f"tensor data, {outtype}, {len(result.fallbacks)} fallback(s); llama.cpp loads it: "
-                  f"{'yes' if result.llama_cpp_loadable else 'no'}")
+                  f"tensor data, {outtype}, {len(result.fallbacks)} fallback(s); llama.cpp "
+                  f"{result.llama_cpp_status}")
 
 
 @main.command("layout")

@@ -92,6 +92,14 @@ class ExportResult:
         return [f"{p.name}: {p.fallback} -> {p.outtype.upper()}" for p in self.plan if p.fallback]
 
     @property
+    def llama_cpp_status(self) -> str:
+        if not self.llama_cpp_loadable:
+            return "does not load it"
+        if not self.metadata.get("aios.llama_cpp.activation_matches", True):
+            return "loads it but runs a different FFN activation"
+        return "loads and runs it"
+
+    @property
     def total_bytes(self) -> int:
         return sum(p.nbytes for p in self.plan)
 
