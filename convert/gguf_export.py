@@ -71,7 +71,7 @@ class PlannedTensor:
     source: str | None  # HF tensor name (None for tensors we create, e.g. ffn_active)
     shape: tuple[int, ...]  # numpy order, after the layout rule
     source_dtype: str
-    outtype: str  # "f32", "q8_0", ..., or "i8"
+    outtype: str  # "f32", "f16", "bf16", "q8_0", "q4_0"
     nbytes: int
     rule: str | None = None
     fallback: str | None = None  # why outtype differs from the requested type
@@ -186,7 +186,7 @@ def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray]
         out, why = gt.choose_type(shape, outtype)
         plan.append(PlannedTensor(name, info.name, shape, info.dtype, out, gt.encoded_nbytes(shape, out), rule, why))
     for i, m in masks.items():
-        plan.append(PlannedTensor(sparsity.TENSOR_NAME.format(i=i), None, m.shape, "BOOL", "i8", m.size))
+        plan.append(PlannedTensor(sparsity.TENSOR_NAME.format(i=i), None, m.shape, "BOOL", "f32", 4 * m.size))
     names = [p.name for p in plan]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -273,7 +273,7 @@ def _aios_metadata(handle: ModelHandle, config: GGUFExportConfig, result: Export
         kept = [float(m.mean()) for m in masks.values()]
         header = sparsity.sparsity_map_header(config.sparsity_map) if config.sparsity_map else {}
         meta.update({
-            "aios.sparsity.format": "blk.N.ffn_active I8 (d_ffn,): 1 = neuron kept, 0 = pruned",
+            "aios.sparsity.format": "blk.N.ffn_active F32 (d_ffn,): 1 = neuron kept, 0 = pruned",
             "aios.sparsity.layers": list(masks),
             "aios.sparsity.kept_fraction": kept,
             "aios.sparsity.mode": str(header.get("mode", "unknown")),
@@ -368,19 +368,13 @@ def _write(handle, out: Path, plan, tok, result: ExportResult, masks, progress) 
             tok.add_to(w)
         add_metadata(w, result.metadata)
         for p in plan:
-            if p.outtype == "i8":
-                w.add_tensor_info(p.name, p.shape, np.dtype(np.int8), p.nbytes)
-            else:
-                w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=gt.ggml_type(p.outtype))
+            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=gt.ggml_type(p.outtype))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         for k, p in enumerate(plan):
             rows = _source_rows(handle, p, masks)
-            if p.outtype == "i8":
-                w.write_tensor_data(rows(0, 1))
-            else:
-                w.write_tensor_data(gt.EncodedTensor(rows, p.shape, p.outtype, p.nbytes))  # type: ignore[arg-type]
+            w.write_tensor_data(gt.EncodedTensor(rows, p.shape, p.outtype, p.nbytes))  # type: ignore[arg-type]
             del rows
             if progress:
                 progress(k + 1, len(plan), p.name)

@@ -8,8 +8,10 @@ exactly this; keep the two in step):
 - optional JSON header beside it, ``MAP.json`` (or an array ``header`` inside the npz holding
   a JSON string), an object such as ``{"mode": "balanced", "calibration_sha256": ...}``.
 
-In the GGUF each mask becomes an ``I8`` tensor ``blk.N.ffn_active`` of shape (d_ffn,)
-(I8 is a plain ggml type that gguf-py reads; 1 byte per neuron). llama.cpp refuses files
+In the GGUF each mask becomes an ``F32`` tensor ``blk.N.ffn_active`` of shape (d_ffn,) holding
+1.0 / 0.0: F32 is the one type every reader tolerates (gguf-py's ``dequantize`` and so
+transformers' GGUF loader reject I8), and 4 bytes per neuron is noise next to the weights
+(Falcon-7B: 2.3 MB). llama.cpp refuses files
 with tensors its architecture does not know ("wrong number of tensors"), so a GGUF carrying
 a sparsity map is for the AIOS runtime; the export says so in its output and metadata.
 """
@@ -84,5 +86,5 @@ def check_masks(masks: dict[int, np.ndarray], n_layers: int, d_ffn: int, where: 
 
 
 def mask_tensor(mask: np.ndarray) -> np.ndarray:
-    """The stored form: int8 0/1, shape (d_ffn,)."""
-    return mask.astype(np.int8)
+    """The stored form: float32 1.0 (kept) / 0.0 (pruned), shape (d_ffn,)."""
+    return mask.astype(np.float32)

@@ -363,8 +363,8 @@ def test_sparsity_map_embedded_and_llama_cpp_refuses(tmp_path):
     assert len(stored) == 6
     for i, m in masks.items():
         t = stored[f"blk.{i}.ffn_active"]
-        assert t.tensor_type == gguf.GGMLQuantizationType.I8
-        assert np.array_equal(np.asarray(t.data).astype(bool), m)
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32
+        assert np.array_equal(np.asarray(t.data), m.astype(np.float32))
     assert r.get_field("aios.sparsity.mode").contents() == "balanced"
     assert "aios-run" in r.get_field("aios.sparsity.runtime").contents()
     from llama_cpp import Llama

@@ -180,3 +180,20 @@ def test_interrupted_layout_leaves_nothing(monkeypatch, relu_llama_gguf, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         layout_gguf(str(relu_llama_gguf), out, LayoutConfig(max_tokens=16), calibration_texts=TEXTS[:2])
     assert list(out.parent.iterdir()) == []
+
+
+def test_layout_counts_only_neurons_a_sparsity_map_keeps(relu_llama_gguf, tmp_path):
+    """A GGUF carrying blk.N.ffn_active masks: pruned neurons are never read, so the measured
+    read fraction drops by the kept share (transformers' loader skips the extra tensors)."""
+    folder = relu_llama_gguf.parent / "relu-llama"
+    keep = np.zeros(352, bool)
+    keep[::2] = True
+    np.savez(tmp_path / "map.npz", **{f"layer_{i}": keep for i in range(6)})
+    sparse = tmp_path / "sparse.gguf"
+    export_gguf(str(folder), sparse, GGUFExportConfig("q8_0", str(tmp_path / "map.npz")))
+    dense = layout_gguf(str(relu_llama_gguf), tmp_path / "d.gguf", LayoutConfig(max_tokens=32),
+                        calibration_texts=TEXTS[:4])
+    masked = layout_gguf(str(sparse), tmp_path / "s.gguf", LayoutConfig(max_tokens=32), calibration_texts=TEXTS[:4])
+    assert all(0 < m < d for m, d in zip(masked.ffn_read_fraction, dense.ffn_read_fraction))
+    assert r5(masked.output).status == Status.passed
+    assert any(b.name == "blk.0.ffn_active" and b.access == "high" for b in masked.blocks)
