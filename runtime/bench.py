@@ -80,7 +80,9 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
     for f in files:
         path = Path(f)
         if not path.is_file():
-            raise UsageError(f"No such GGUF file: {f}.") if not path.exists() else UsageError(f"{f} is not a file.")
+            from aios.errors import ModelNotFoundError
+
+            raise ModelNotFoundError(f"No such GGUF file: {f}.")
         tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
         ids = _prompt_ids(tok, prompt_tokens)
         for mode in modes:

@@ -75,8 +75,11 @@ class Model:
 
         if mode not in MODES:
             raise UsageError(f"Unknown FFN mode '{mode}'; choose from {', '.join(MODES)}.")
+        from aios.errors import ModelNotFoundError
         from aios.models.tensors import GGUFStore
 
+        if not Path(path).is_file():
+            raise ModelNotFoundError(f"No such GGUF file: {path}.")
         store = GGUFStore(Path(path))  # validates magic / structure with a clear error
         self.path, self.reader, self.mode = Path(path), store.reader, mode
         arch = store.field("general.architecture")

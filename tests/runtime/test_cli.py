@@ -1,0 +1,63 @@
+"""``aios-run generate`` / ``bench`` end to end, and the static sparsity-map mode."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+from runtime.cli import main
+from runtime.model import Model
+
+
+def test_generate_uses_the_gguf_tokenizer(exported):
+    path, _ = exported("tiny-falcon", "f32")
+    res = CliRunner().invoke(main, ["generate", str(path), "-p", "The list type", "-n", "8"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("The list type") and "MB/token" in res.stdout
+
+
+def test_generate_errors(exported, tmp_path):
+    path, _ = exported("tiny-falcon", "f32")
+    res = CliRunner().invoke(main, ["generate", str(path), "-p", "x", "--mode", "sparse"])
+    assert res.exit_code == 2 and "ReLU-family" in res.stderr
+    res = CliRunner().invoke(main, ["generate", str(tmp_path / "none.gguf"), "-p", "x"])
+    assert res.exit_code == 4
+
+
+def test_bench_dense_vs_sparse_with_projection(exported, tmp_path):
+    dense, _ = exported("tiny-falcon", "f32")
+    relu, _ = exported("tiny-falcon", "f32", relu=True)
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", str(dense), str(relu), "--modes", "dense,sparse",
+                                    "--prompt-tokens", "16", "-n", "6", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "aios-bench.json").read_text())
+    rows = {(r["file"].split("/")[-1], r["mode"]): r for r in data["rows"]}
+    assert len(rows) == 3 and any("sparse" in s for s in data["skipped"])  # GELU file has no sparse run
+    sp = rows[(relu.name, "sparse")]
+    assert 0 < sp["reduction_vs_baseline"] < 1 and sp["ffn_density"] < 0.9
+    assert sp["projected_reduction"] is not None and sp["measured_over_projected"] is not None
+    assert "Measured reduction" in (out / "aios-bench.md").read_text()
+
+
+def test_map_mode_skips_masked_neurons(exported, tmp_path):
+    from convert.gguf_export import GGUFExportConfig, export_gguf
+
+    _, src = exported("tiny-falcon", "f32", relu=True)
+    rng = np.random.default_rng(0)
+    masks = {f"layer_{i}": rng.random(512) < 0.5 for i in range(6)}
+    np.savez(tmp_path / "map.npz", **masks)
+    out = tmp_path / "mapped.gguf"
+    export_gguf(str(src), out, GGUFExportConfig(outtype="f32", sparsity_map=str(tmp_path / "map.npz")))
+    ids = np.arange(1, 20)
+    mp = Model(out, mode="map")
+    logits = mp.forward(ids, all_logits=True)
+    kept = int(sum(m.sum() for m in masks.values()))
+    # up projection reads only kept rows; masked neurons never fire
+    # one chunk: each kept row is read once whatever the number of tokens
+    assert mp.counter.per_tensor["blk.0.ffn_up.weight"] == masks["layer_0"].sum() * 128 * 4
+    assert mp.ffn_nnz <= len(ids) * kept
+    dense = Model(out).forward(ids, all_logits=True)
+    assert np.abs(logits - dense).max() > 0  # lossy by construction
