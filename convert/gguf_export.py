@@ -12,22 +12,20 @@ beside the output and renamed at the end; identical input gives byte-identical o
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from aios import CONTRACT_VERSION, __version__
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models import ModelHandle, resolve_model
 from convert import gguf_sparsity as sparsity
 from convert import gguf_tensors as gt
+from convert.gguf_metadata import add_metadata, aios_metadata, write_hparams
 from convert.gguf_tokenizer import read_tokenizer
 
 # What each architecture row needs beyond the name map: (layout rule, HF tensor suffix).
@@ -42,20 +40,6 @@ LAYOUT_RULES: dict[str, tuple[tuple[str, str], ...]] = {
 EXPORT_MODEL_TYPES = ("falcon", "RefinedWebModel", "RefinedWeb", "llama", "mistral", "gpt2")
 # HF buffers that are not weights
 SKIP = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
-# activation names that llama.cpp's kernels treat as the same function
-ACT_FAMILY = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
-              "gelu_python": "gelu", "gelu_accurate": "gelu", "swish": "silu"}  # fmt: skip
-# how llama.cpp's CPU kernels deviate from the exact function, per activation family
-LLAMA_CPP_ACT_NOTES = {
-    "gelu": "llama.cpp's CPU backend evaluates GELU as the tanh approximation read from an fp16 "
-            "lookup table, so its logits differ from transformers' by about 1e-3 to 1e-2 at f32",
-}
-
-
-def activation_family(name: str) -> str:
-    return ACT_FAMILY.get(name.lower(), name.lower())
-
-
 @dataclass(frozen=True)
 class GGUFExportConfig:
     """Converter config, embedded in every artifact (``aios.provenance``)."""
@@ -115,7 +99,8 @@ def export_gguf(model: str | ModelHandle, output: str | Path, config: GGUFExport
     plan = plan_tensors(handle, config.outtype, masks)
     tok = read_tokenizer(handle.path, handle.facts.vocab_size)  # type: ignore[arg-type]
     result = ExportResult(None, config, handle.arch.gguf_arch.lower(), plan, {})
-    result.metadata = _aios_metadata(handle, config, result, masks)
+    result.metadata, warnings, result.llama_cpp_loadable = aios_metadata(handle, config, result.fallbacks, masks)
+    result.warnings += warnings
     if tok is None:
         result.warnings.append("no tokenizer.json: the file has no vocabulary, so llama.cpp cannot load it")
         result.llama_cpp_loadable = False
@@ -202,135 +187,6 @@ def _order_key(p: PlannedTensor) -> tuple:
     return (0 if p.name.startswith(("token_embd", "position_embd")) else 2, 0, p.name)
 
 
-# --- metadata ------------------------------------------------------------------------------
-
-
-def _hparams(w, handle: ModelHandle, outtype: str) -> None:
-    """Architecture keys llama.cpp reads (the ones its converter writes for these models)."""
-    f, c = handle.facts, handle.config
-    w.add_name(handle.name)
-    w.add_context_length(int(f.max_context or 2048))
-    w.add_embedding_length(f.d_model)
-    w.add_block_count(f.n_layers)
-    w.add_feed_forward_length(f.d_ffn)
-    w.add_head_count(f.n_heads)
-    w.add_head_count_kv(f.n_kv_heads)
-    rope = c.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", c.get("rope_theta"))
-    if handle.arch.name == "llama":
-        w.add_vocab_size(int(f.vocab_size))
-        w.add_rope_dimension_count(f.head_dim)
-        w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
-        if f.head_dim * f.n_heads != f.d_model:
-            w.add_key_length(f.head_dim)
-            w.add_value_length(f.head_dim)
-        scaling = c.get("rope_scaling") or rope
-        if scaling.get("rope_type", scaling.get("type")) == "linear":
-            import gguf
-
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(float(scaling["factor"]))
-    else:
-        w.add_layer_norm_eps(float(c.get("layer_norm_epsilon", 1e-5)))
-    if handle.arch.name.startswith("falcon"):
-        w.add_tensor_data_layout("jploski")  # QKV regrouped as llama.cpp expects
-    if theta is not None and handle.arch.name != "gpt2":
-        w.add_rope_freq_base(float(theta))
-    w.add_file_type(gt.llama_file_type(outtype))
-    if outtype in ("q8_0", "q4_0"):
-        import gguf
-
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
-
-def _aios_metadata(handle: ModelHandle, config: GGUFExportConfig, result: ExportResult,
-                   masks: dict[int, np.ndarray]) -> dict[str, object]:
-    f = handle.facts
-    runs = handle.llama_cpp_activation or "unknown"
-    matches = activation_family(f.activation) == activation_family(runs)
-    meta: dict[str, object] = {
-        "aios.contract_version": CONTRACT_VERSION,
-        "aios.ffn_activation": f.activation,
-        "aios.llama_cpp.ffn_activation": runs,
-        "aios.llama_cpp.activation_matches": matches,
-        "aios.export.outtype": config.outtype,
-        "aios.export.fallback_count": sum(1 for p in result.plan if p.fallback),
-    }
-    if matches and activation_family(runs) in LLAMA_CPP_ACT_NOTES:
-        meta["aios.llama_cpp.activation_note"] = LLAMA_CPP_ACT_NOTES[activation_family(runs)]
-    if f.activation_threshold is not None:
-        meta["aios.ffn_activation_threshold"] = f.activation_threshold
-    if result.fallbacks:
-        meta["aios.export.fallbacks"] = result.fallbacks
-    if not matches:
-        msg = (f"the model's FFN activation is '{f.activation}' but llama.cpp hard-codes '{runs}' for "
-               f"{handle.arch.gguf_arch.lower()}: llama.cpp (and transformers' GGUF loader) would compute "
-               "it wrongly; it runs correctly in aios-run (reads aios.ffn_activation) and in transformers "
-               "from the source folder")
-        result.warnings.append(msg)
-        meta["aios.runtime.note"] = msg
-    if masks:
-        kept = [float(m.mean()) for m in masks.values()]
-        header = sparsity.sparsity_map_header(config.sparsity_map) if config.sparsity_map else {}
-        meta.update({
-            "aios.sparsity.format": "blk.N.ffn_active F32 (d_ffn,): 1 = neuron kept, 0 = pruned",
-            "aios.sparsity.layers": list(masks),
-            "aios.sparsity.kept_fraction": kept,
-            "aios.sparsity.mode": str(header.get("mode", "unknown")),
-            "aios.sparsity.source_sha256": _sha256_file(Path(config.sparsity_map)),  # type: ignore[arg-type]
-            "aios.sparsity.runtime": "aios-run only: llama.cpp refuses the extra ffn_active tensors",
-        })
-        result.warnings.append("the sparsity map adds blk.N.ffn_active tensors: llama.cpp refuses such "
-                               "files (wrong number of tensors); the file is for the AIOS runtime")
-        result.llama_cpp_loadable = False
-    meta["aios.provenance"] = json.dumps(_provenance(handle, config), sort_keys=True)
-    return meta
-
-
-def _provenance(handle: ModelHandle, config: GGUFExportConfig) -> dict:
-    assert handle.path is not None
-    folder = handle.path
-    files = []
-    for p in sorted(folder.glob("*.safetensors")):
-        with open(p, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = fh.read(n)
-        files.append({"file": p.name, "bytes": p.stat().st_size,
-                      "header_sha256": hashlib.sha256(header).hexdigest()})
-    cfg = asdict(config)
-    if cfg["sparsity_map"]:
-        cfg["sparsity_map"] = Path(cfg["sparsity_map"]).name
-    small = {n: _sha256_file(folder / n) for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
-             if (folder / n).is_file()}
-    return {"tool": "aios-toolchain", "tool_version": __version__, "command": "aios-convert gguf",
-            "source": {"name": handle.name, "kind": handle.kind, "architecture": handle.arch.name,
-                       "weights": files, "sha256": small},
-            "converter_config": cfg}
-
-
-def _sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def add_metadata(w, meta: dict[str, object]) -> None:
-    """Write ``aios.*`` keys with their natural GGUF types."""
-    for key, value in meta.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, list) and value:
-            w.add_array(key, value)
-
-
 # --- writing -------------------------------------------------------------------------------
 
 
@@ -363,7 +219,7 @@ def _write(handle, out: Path, plan, tok, result: ExportResult, masks, progress) 
     os.close(fd)
     try:
         w = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[handle.arch.gguf_arch]])
-        _hparams(w, handle, result.config.outtype)
+        write_hparams(w, handle, result.config.outtype)
         if tok is not None:
             tok.add_to(w)
         add_metadata(w, result.metadata)
