@@ -81,7 +81,7 @@ def read_tokenizer(folder: Path, vocab_size: int | None) -> TokenizerMeta | None
     by_id: dict[int, str] = {i: t for t, i in vocab.items()}
     by_id.update({i: t["content"] for i, t in added.items()})
     byte_fallback = bool(model.get("byte_fallback"))
-    meta = _spm_meta(by_id, added, n, model) if byte_fallback else _bpe_meta(by_id, added, n, spec)
+    meta = _spm_meta(by_id, added, n, spec) if byte_fallback else _bpe_meta(by_id, added, n, spec)
     import gguf
 
     meta.special = gguf.SpecialVocab(folder, load_merges=not byte_fallback, n_vocab=n)
@@ -128,28 +128,52 @@ def _pre_tokenizer_name(pre: dict | None) -> tuple[str, str | None]:
     )
 
 
-def _spm_meta(by_id: dict[int, str], added: dict[int, dict], n: int, model: dict) -> TokenizerMeta:
-    """SentencePiece-style BPE: scores approximate piece order (earlier id = merged first)."""
+def _spm_meta(by_id: dict[int, str], added: dict[int, dict], n: int, spec: dict) -> TokenizerMeta:
+    """SentencePiece-style BPE for llama.cpp's "llama" tokenizer.
+
+    llama.cpp merges the adjacent pair whose concatenation has the highest score; HF BPE
+    applies the lowest-ranked merge. So a token made by merge rank r scores -r, and tokens no
+    merge makes (single characters, bytes, specials) score below every merge.
+    """
     import gguf
 
+    model = spec["model"]
+    vocab: dict[str, int] = model["vocab"]
+    scores = [-1e9] * n
+    for r, m in enumerate(model.get("merges", [])):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        i = vocab.get(a + b)
+        if i is not None and scores[i] == -1e9:
+            scores[i] = -float(r)
     unk = model.get("unk_token")
-    tokens, types, scores = [], [], []
+    tokens, types = [], []
     for i in range(n):
         tok = by_id.get(i)
         if tok is None:
             tokens.append(f"[PAD{i}]")
             types.append(gguf.TokenType.UNUSED)
-            scores.append(-1e4)
-            continue
-        tokens.append(tok)
-        if tok == unk:
+        elif tok == unk:
+            tokens.append(tok)
             types.append(gguf.TokenType.UNKNOWN)
         elif len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+            tokens.append(tok)
             types.append(gguf.TokenType.BYTE)
         else:
+            tokens.append(tok)
             types.append(_token_type(i, added))
-        scores.append(-float(i) if i not in added else -1e4)
-    return TokenizerMeta("llama", None, tokens, types, scores=scores, add_space_prefix=True)
+    return TokenizerMeta("llama", None, tokens, types, scores=scores,
+                         add_space_prefix=_prepends_space(spec))
+
+
+def _prepends_space(spec: dict) -> bool:
+    """Whether the tokenizer puts "▁" before the text (Prepend normalizer or Metaspace)."""
+    norm = spec.get("normalizer") or {}
+    steps = norm.get("normalizers", [norm])
+    if any(s.get("type") == "Prepend" and s.get("prepend") == "\u2581" for s in steps):
+        return True
+    pre = spec.get("pre_tokenizer") or {}
+    return any(p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
+               for p in pre.get("pretokenizers", [pre]))
 
 
 def _check_add_special(path: Path, meta: TokenizerMeta) -> None:

@@ -200,6 +200,56 @@ def test_llama_cpp_tokenizes_like_transformers(f32_exports, name):
         llm.close()
 
 
+def spm_style_tokenizer(folder: Path) -> int:
+    """A Llama-2-style tokenizer.json (BPE with byte fallback, ▁ word marks, <s> added),
+    trained on the calibration texts; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+
+    from aios.data import load_texts
+
+    base = Tokenizer(models.BPE())
+    base.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    base.train_from_iterator(load_texts(), trainers.BpeTrainer(vocab_size=900, limit_alphabet=150))
+    spec = json.loads(base.to_str())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{i:02X}>": 3 + i for i in range(256)}
+    for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(t, len(vocab))
+    spec["model"].update(vocab=vocab, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    spec["added_tokens"] = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for c, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))]
+    spec["decoder"] = json.loads(decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)]).__getstate__())
+    spec["post_processor"] = json.loads(processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]).__getstate__())
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    return len(vocab)
+
+
+def test_sentencepiece_style_tokenizer_in_llama_cpp(tmp_path):
+    """Llama-2/Mistral tokenizers (byte fallback) become llama.cpp's "llama" tokenizer with
+    merge-rank scores; llama.cpp then tokenizes (BOS, bytes, multilingual text) like HF."""
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+
+    folder = tmp_path / "spm"
+    folder.mkdir()
+    n = spm_style_tokenizer(folder)
+    build_hf_model("llama", folder, vocab_size=n)
+    out = export(folder, tmp_path / "spm.gguf", "q8_0")
+    r = gguf.GGUFReader(str(out))
+    assert r.get_field("tokenizer.ggml.model").contents() == "llama"
+    assert r.get_field("tokenizer.ggml.add_bos_token").contents() is True
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    llm = Llama(model_path=str(out), vocab_only=True, verbose=False)
+    try:
+        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line"]:
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == hf.encode(text).ids
+    finally:
+        llm.close()
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder"])
 def test_other_layouts_llama_cpp_parity(tmp_path, kind):
     """GPT-2's transposed Conv1D and Falcon-40B's grouped QKV, on random tiny models."""
