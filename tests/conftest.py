@@ -12,6 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=60, derandomize=True)
+settings.register_profile("long", max_examples=int(os.environ.get("AIOS_FUZZ_EXAMPLES", "2000")))
+settings.load_profile(os.environ.get("AIOS_FUZZ_PROFILE", "ci"))
 
 # Small configs per architecture row, in the keys each model family really uses.
 TINY_CONFIGS: dict[str, dict] = {

@@ -138,14 +138,19 @@ class GGUFStore:
         f = self.reader.get_field(key)
         if f is None:
             return None
-        return f.contents()
+        try:
+            return f.contents()
+        except Exception as e:  # bad UTF-8, wrong sizes: decoding happens lazily, per field
+            raise InvalidModelError(
+                f"{self.path} has an unreadable value for '{key}' ({_short(e)}); the file is corrupt."
+            ) from e
 
     def metadata(self) -> dict[str, object]:
         out: dict[str, object] = {}
-        for key, f in self.reader.fields.items():
+        for key in self.reader.fields:
             if key.startswith("GGUF.") or key.startswith("tokenizer.ggml."):
                 continue
-            out[key] = f.contents()
+            out[key] = self.field(key)
         return out
 
     @cached_property

@@ -31,7 +31,8 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         Metric(name="kv_bytes_at_4096", value=at_spec, unit="B", evidence=Evidence.analytic),
         Metric(name="kv_mib_at_4096", value=round(at_spec / 2**20, 3), unit="MiB", evidence=Evidence.analytic),
         Metric(name="kv_bytes_per_token", value=at_spec // c_spec, unit="B", evidence=Evidence.analytic),
-        Metric(name=f"kv_bytes_at_{ctx.context}", value=at_ctx, unit="B", evidence=Evidence.analytic),
+        Metric(name="kv_bytes_at_context", value=at_ctx, unit="B", evidence=Evidence.analytic,
+               note=f"C = {ctx.context} (--context)"),
     ]
     passed = ok_heads and ok_bytes
     if passed:

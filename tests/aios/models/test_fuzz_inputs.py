@@ -13,7 +13,9 @@ from aios.errors import AiosError
 from aios.models import resolve_model
 from tests.conftest import build_hf_model, write_gguf
 
-SETTINGS = dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Example counts come from the hypothesis profile (tests/conftest.py): "ci" by default
+# (60 examples, derandomized so CI is reproducible); AIOS_FUZZ_PROFILE=long for long random runs.
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
