@@ -103,7 +103,7 @@ def ours(path: Path, mode: str, n: int) -> dict:
 def llama_cpp(path: Path, n: int) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=256, n_threads=2, n_batch=8, verbose=False)
+    llm = Llama(model_path=str(path), n_ctx=256, n_threads=2, n_batch=8, logits_all=True, verbose=False)
     prompt = list(range(1, 9))
     llm.eval(prompt)
     tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
