@@ -29,7 +29,7 @@ def main() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--hypothesis-show-statistics", "tests/aios/models/test_fuzz_inputs.py"],
                           cwd=ROOT, env=env, capture_output=True, text=True)
-    tried = sum(int(n) for n in re.findall(r"(\d+) passing examples", proc.stdout))
+    tried = sum(int(n) for n in re.findall(r"(\d+) passing(?: examples)?,", proc.stdout))
     failed = re.findall(r"FAILED (\S+)", proc.stdout)
     print(json.dumps({"examples_per_test": args.examples, "passing_examples_total": tried,
                       "failed_tests": failed, "exit_code": proc.returncode,

@@ -22,12 +22,11 @@ from aios.models import ModelHandle
 from convert import gguf_sparsity as sparsity
 from convert import gguf_tensors as gt
 
+from aios.models.architectures import ACT_FAMILY, activation_family  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:
     from convert.gguf_export import GGUFExportConfig
 
-# activation names that llama.cpp's kernels treat as the same function
-ACT_FAMILY = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
-              "gelu_python": "gelu", "gelu_accurate": "gelu", "swish": "silu"}  # fmt: skip
 # how llama.cpp's CPU kernels deviate from the exact function, per activation family
 LLAMA_CPP_ACT_NOTES = {
     "gelu": "llama.cpp's CPU backend evaluates GELU as the tanh approximation read from an fp16 "
@@ -35,8 +34,6 @@ LLAMA_CPP_ACT_NOTES = {
 }
 
 
-def activation_family(name: str) -> str:
-    return ACT_FAMILY.get(name.lower(), name.lower())
 
 
 def write_hparams(w, handle: ModelHandle, outtype: str) -> None:

@@ -194,6 +194,15 @@ LLAMA_CPP_FFN_ACTIVATION: dict[str, str] = {
 }
 
 
+# activation names that are the same function as far as "which activation runs" goes
+ACT_FAMILY = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
+              "gelu_python": "gelu", "gelu_accurate": "gelu", "swish": "silu"}  # fmt: skip
+
+
+def activation_family(name: str) -> str:
+    return ACT_FAMILY.get(name.lower(), name.lower())
+
+
 def supported_model_types() -> list[str]:
     return sorted({t for a in ARCHITECTURES for t in a.hf_model_types})
 

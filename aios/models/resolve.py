@@ -151,7 +151,8 @@ def _from_gguf(spec: str, path: Path) -> ModelHandle:
     facts, config = _facts_from_gguf(store, arch, gguf_arch)
     handle = ModelHandle(spec, "gguf", arch, facts, config, path=path, store=store)
     runs = handle.llama_cpp_activation
-    if runs and facts.activation_key == "aios.ffn_activation" and facts.activation != runs:
+    if (runs and facts.activation_key == "aios.ffn_activation"
+            and architectures.activation_family(facts.activation) != architectures.activation_family(runs)):
         handle.notes.append(
             f"Declared FFN activation '{facts.activation}' differs from what llama.cpp runs for "
             f"'{gguf_arch}' ('{runs}'); llama.cpp would execute this model incorrectly."

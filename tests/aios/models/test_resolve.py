@@ -284,3 +284,8 @@ def test_index_with_path_traversal_refused(hf_model):
     index.write_text(json.dumps(data))
     with pytest.raises(InvalidModelError, match="invalid shard"):
         resolve_model(str(folder))
+
+
+def test_gguf_same_activation_family_is_not_flagged(gguf_file):
+    h = resolve_model(str(gguf_file(activation="gelu_new")))  # llama.cpp runs gelu: same function
+    assert not any("llama.cpp would execute" in n for n in h.notes)
