@@ -74,3 +74,65 @@ def layout_command(model: str, output: str, calibration: str | None, samples: in
                   + ", ".join(f"{access[k]} {k}" for k in ("high", "medium", "low")) + "; "
                   + ", ".join(f"{tiers[k]} {k}" for k in ("HOT", "WARM", "STREAM"))
                   + f") with aios.manifest embedded and {result.sidecar}")
+
+
+# --- relufy and sparsity maps (issue 4) -----------------------------------------------------
+
+
+def _relufy_default(name: str):
+    from convert.relufy import RelufyConfig
+
+    return getattr(RelufyConfig(), name)
+
+
+@main.command("relufy")
+@click.argument("model")
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
+              help="Output HF folder (must not exist; work state goes to OUT.partial/).")
+@click.option("--activation", default="relu", show_default=True,
+              help="relu or relu2 (fatrelu:T is refused: stock transformers cannot load it).")
+@click.option("--train-data", type=click.Path(dir_okay=False), default=None,
+              help="JSONL (text field) or TXT fine-tuning text (default: the fixtures' pydoc train split).")
+@click.option("--steps", type=int, default=_relufy_default("steps"), show_default=True)
+@click.option("--lr", type=float, default=_relufy_default("lr"), show_default=True, help="Peak learning rate.")
+@click.option("--batch", type=int, default=_relufy_default("batch"), show_default=True, help="Windows per step.")
+@click.option("--seq-len", type=int, default=_relufy_default("seq_len"), show_default=True)
+@click.option("--l1", type=float, default=_relufy_default("l1"), show_default=True,
+              help="Final weight of the progressive activation-L1 penalty (0 = off).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="cuda trains with bf16 autocast.")
+@click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True)
+@click.option("--resume", is_flag=True, help="Continue the interrupted run kept in OUT.partial/.")
+def relufy_command(model: str, out: str, activation: str, train_data: str | None, resume: bool,
+                   device: str, **options) -> None:
+    """Swap MODEL's FFN activation to ReLU and fine-tune to recover (R1)."""
+    from dataclasses import replace
+
+    from convert.relufy import RelufyConfig, parse_activation, relufy
+    from convert.relufy_cli import relufy_progress, render_relufy
+
+    cfg = replace(RelufyConfig(), activation=parse_activation(activation), **options)
+    with relufy_progress() as progress:
+        result = relufy(model, out, cfg, train_data=train_data, device=device, resume=resume,
+                        progress=progress)
+    render_relufy(result)
+
+
+@main.command("sparsity-map")
+@click.argument("model")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="JSONL/TXT calibration texts for neuron frequencies (default: the bundled set).")
+@click.option("--mode", type=click.Choice(["conservative", "balanced", "aggressive"]), default="conservative",
+              show_default=True, help="Held-out perplexity budget: < 0.1 %, < 0.5 %, or --budget.")
+@click.option("--budget", type=float, default=None, help="Perplexity budget in percent (aggressive mode).")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="Output MAP.npz (a MAP.json header is written beside it).")
+def sparsity_map_command(model: str, calibration: str | None, mode: str, budget: float | None, out: str) -> None:
+    """Static mask of FFN neurons to skip, chosen by measured held-out perplexity."""
+    from aios.cli_common import err_console
+    from convert.sparsity_map import SparsityMapConfig, sparsity_map
+    from convert.sparsity_map_cli import render_sparsity_map
+
+    result = sparsity_map(model, out, SparsityMapConfig(mode=mode, budget_pct=budget), calibration=calibration,
+                          progress=lambda message: err_console.print(f"[dim]{message}[/]"))
+    render_sparsity_map(result)

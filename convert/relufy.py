@@ -1,0 +1,155 @@
+"""``aios-convert relufy``: swap a smooth FFN activation for ReLU and fine-tune to recover.
+
+What it does
+------------
+1. Loads MODEL (an HF safetensors folder, a cached hub id or a bundled alias) and measures
+   the held-out perplexity and the exact-zero fraction of its FFN activations ("before").
+2. Writes the new activation into the config key the architecture row names
+   (falcon ``activation``, llama-family ``hidden_act``, ...) and reloads the weights with
+   stock transformers, so the model that is trained is the one users will load. It checks
+   that every block really runs the new activation. Measures again ("after swap").
+3. Recovery fine-tune (``convert/training.py``): AdamW, warmup + cosine decay, gradient
+   clipping, bf16 autocast on a GPU, optional progressive activation-L1 (ProSparse-style).
+4. Measures again ("after") and writes the output folder: weights (source dtype),
+   ``config.json`` with the new activation, the source tokenizer files byte for byte, and
+   the provenance ``aios_relufy.json`` (config, data hashes, steps, metrics, training log).
+
+Choices
+-------
+* **Gated FFNs** (SwiGLU: ``act(gate·x) * (up·x)``): the activation sits on the gate, so
+  ``hidden_act="relu"`` makes the *product* exactly zero wherever the gate is ≤ 0; the up
+  projection stays linear. This is what ReluLLaMA does and what stock transformers runs.
+* **Activations**: ``relu`` and ``relu2`` (ReLU², HF ``ACT2FN["relu2"]``). Thresholded ReLU
+  (``fatrelu:T``) is refused: stock transformers has no such activation, so the output would
+  not load without custom code. Use ``relu`` with ``--l1`` to push sparsity instead.
+* **Sparsity** numbers come from the R1 checker's code on the bundled calibration prompts
+  (same defaults as ``aios-contract check``); held-out perplexity is the fixtures' protocol
+  (``convert/evaluation.py``). By default the training text is the fixtures' train split of
+  ``pydoc_data.topics``, which never overlaps the held-out topics; ``--train-data`` replaces it.
+
+Files, interruption and resume
+------------------------------
+The run keeps its state in ``OUT.partial/checkpoint.pt`` (weights, AdamW state, data-order
+generator, step, metrics so far), written atomically every ``checkpoint_every`` steps.
+Ctrl-C (or a crash) leaves that folder and nothing under ``OUT``; ``--resume`` continues from
+it and gives the same weights as an uninterrupted run. The output is built in a temporary
+sibling folder and renamed to ``OUT`` in one step; the work folder is removed afterwards.
+Same model, data, config and seed → byte-identical output folder (on the same device and
+thread count). Wall time is returned and printed, never written into the artifact.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from aios.errors import UsageError
+
+CONFIG_VERSION = 1
+ACTIVATIONS = ("relu", "relu2")
+PROVENANCE_FILE = "aios_relufy.json"
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class RelufyConfig:
+    """Everything that determines the output weights (embedded in the provenance).
+
+    The defaults reach R1 (≥ 0.85 exact zeros, ≤ 1.10 × held-out perplexity) on the bundled
+    tiny-falcon in a few CPU minutes; see benchmarks/relufy_curve.py.
+    """
+
+    version: int = CONFIG_VERSION
+    activation: str = "relu"
+    steps: int = 150
+    lr: float = 2e-3  # peak learning rate
+    batch: int = 16  # windows per step
+    seq_len: int = 128  # tokens per window
+    l1: float = 6.0  # final weight of the activation-L1 penalty (0 = off)
+    l1_start: float = 0.1  # fraction of the steps before the penalty starts rising
+    l1_full: float = 0.6  # fraction of the steps at which it reaches ``l1``
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.1  # cosine decays to this fraction of the peak
+    weight_decay: float = 0.1  # AdamW, matrices only
+    clip: float = 1.0  # gradient-norm clipping
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise UsageError(f"Unknown activation '{self.activation}'; choose from {', '.join(ACTIVATIONS)}.")
+        positive = {"steps": self.steps, "lr": self.lr, "batch": self.batch,
+                    "seq_len": self.seq_len, "clip": self.clip}
+        for name, value in positive.items():
+            if not value > 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be positive (got {value}).")
+        if self.l1 < 0 or self.weight_decay < 0:
+            raise UsageError("--l1 and the weight decay must be ≥ 0.")
+        if not 0 <= self.l1_start <= self.l1_full <= 1 or not 0 <= self.warmup_frac < 1:
+            raise UsageError("Schedule fractions must satisfy 0 ≤ l1_start ≤ l1_full ≤ 1, 0 ≤ warmup < 1.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RelufyConfig":
+        if d.get("version") != CONFIG_VERSION:
+            raise UsageError(f"Relufy config version {d.get('version')} is not supported "
+                             f"(this tool writes version {CONFIG_VERSION}).")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def parse_activation(text: str) -> str:
+    """``relu`` | ``relu2`` → itself; ``fatrelu:T`` → a clear refusal (see module docstring)."""
+    t = text.strip().lower()
+    if t in ACTIVATIONS:
+        return t
+    if t.startswith("fatrelu"):
+        raise UsageError(
+            f"'{text}': thresholded ReLU is not an activation stock transformers can load "
+            "(the output would need custom modelling code); use --activation relu, optionally "
+            "with a larger --l1 to push sparsity further.")
+    raise UsageError(f"Unknown activation '{text}'; choose relu or relu2.")
+
+
+@dataclass
+class RelufyResult:
+    out: Path
+    provenance: dict[str, Any]
+    seconds: float  # wall time of this invocation (not stored in the artifact)
+    resumed_from: int | None = None  # step a resumed run continued from
+
+
+ProgressFn = Callable[..., None]  # progress(event, **info); events: phase, step, eval
+
+
+def _quiet(_event: str, **_info: Any) -> None:
+    pass
+
+
+def relufy(model: str, out: str | Path, config: RelufyConfig | None = None, *,
+           train_data: str | Path | None = None, device: str | None = None,
+           resume: bool = False, checkpoint_every: int = 50, eval_every: int = 0,
+           calibration_samples: int | None = None, progress: ProgressFn = _quiet) -> RelufyResult:
+    """Relufy ``model`` into the HF folder ``out``; library entry point of ``aios-convert relufy``.
+
+    ``eval_every`` > 0 also measures held-out perplexity and exact zeros every that many
+    steps (recorded as ``curve`` in the provenance; costs time, does not change the weights).
+    ``calibration_samples`` limits the calibration prompts used for the sparsity numbers
+    (default: all 241, as ``aios-contract check``).
+    """
+    from convert.relufy_run import run
+
+    cfg = config or RelufyConfig()
+    cfg.validate()
+    if checkpoint_every < 0 or eval_every < 0:
+        raise UsageError("checkpoint_every and eval_every must be ≥ 0.")
+    t0 = time.perf_counter()
+    out = Path(out).expanduser().absolute()
+    provenance, resumed_from = run(model, out, cfg, train_data=train_data, device=device,
+                                   resume=resume, checkpoint_every=checkpoint_every,
+                                   eval_every=eval_every, calibration_samples=calibration_samples,
+                                   progress=progress)
+    return RelufyResult(out, provenance, time.perf_counter() - t0, resumed_from)

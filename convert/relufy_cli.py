@@ -1,0 +1,66 @@
+"""Rendering for ``aios-convert relufy``: a rich progress bar on stderr and the result table."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from aios.cli_common import err_console
+from convert.relufy import ProgressFn, RelufyResult
+
+
+@contextmanager
+def relufy_progress() -> Iterator[ProgressFn]:
+    """A progress callback: phases as lines, training steps as a bar with running loss, ppl, ETA."""
+    bar = Progress(TextColumn("[bold]fine-tune"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]}  ppl {task.fields[ppl]}  "
+                              "zeros {task.fields[zeros]}  λ {task.fields[l1]}"),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                   console=err_console, transient=False)
+    task: list[Any] = []
+    running: list[float] = []  # exponential moving average of the LM loss
+
+    def progress(event: str, **info: Any) -> None:
+        if event == "phase":
+            bar.console.print(f"[dim]{info['message']}[/]")
+        elif event == "eval":
+            bar.console.print(f"step {info['step']}: held-out ppl {info['heldout_perplexity']:.3f}, "
+                              f"exact zeros {info['mean_exact_zero_fraction']:.4f}")
+        elif event == "step":
+            s = info["stats"]
+            running[:] = [s.loss if not running else 0.9 * running[0] + 0.1 * s.loss]
+            fields = dict(loss=f"{running[0]:.3f}", ppl=f"{math.exp(min(running[0], 50)):.1f}",
+                          zeros=f"{s.zero_fraction:.3f}", l1=f"{s.l1:.3g}")
+            if not task:
+                task.append(bar.add_task("fine-tune", total=info["total"], completed=s.step, **fields))
+            bar.update(task[0], completed=s.step + 1, **fields)
+
+    with bar:
+        yield progress
+
+
+def render_relufy(result: RelufyResult) -> None:
+    """The before / after-swap / after table on stdout."""
+    p = result.provenance
+    m = p["metrics"]
+    t = Table(title=f"relufy {p['source']['name']}: {p['source']['activation']} → "
+                    f"{p['result']['activation']} ({p['result']['config_key']})")
+    for col in ("", "held-out ppl", "× original", "exact zeros (R1 code)"):
+        t.add_column(col, justify="left" if not col else "right")
+    base = m["before"]["heldout_perplexity"]
+    for name, key in (("original", "before"), ("after swap", "after_swap"), ("after fine-tune", "after")):
+        r = m[key]
+        t.add_row(name, f"{r['heldout_perplexity']:.3f}", f"{r['heldout_perplexity'] / base:.3f}",
+                  f"{r['mean_exact_zero_fraction']:.4f}")
+    console = Console(highlight=False)
+    console.print(t)
+    per_layer = " ".join(f"{x:.3f}" for x in m["after"]["per_layer_exact_zero_fraction"])
+    console.print(f"per-layer exact zeros: {per_layer}")
+    resumed = f", resumed from step {result.resumed_from}" if result.resumed_from is not None else ""
+    console.print(f"wrote {result.out} ({p['steps']} steps{resumed}, {result.seconds:.1f} s); "
+                  f"check it with `aios-contract check {result.out}`")

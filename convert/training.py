@@ -1,0 +1,142 @@
+"""Recovery fine-tuning math: schedules, the activation-L1 penalty, one optimisation step.
+
+Pure training mechanics with no files, CLI or model resolution (``convert/relufy.py`` does
+that). Everything here is deterministic given the seeded generator it is handed.
+
+* Learning rate: linear warmup to the peak, then cosine decay to ``min_lr_frac`` × peak.
+* Activation L1 (ProSparse-style, progressive): the penalty weight is 0 for the first
+  ``l1_start`` fraction of the steps, then rises smoothly (half-cosine) to ``l1`` at the
+  ``l1_full`` fraction and stays there, so the model first recovers from the activation
+  swap and is then pushed towards sparser activations a little at a time.
+* The penalty is λ × Σ_l ρ_l·(mean|a_l| / rms(a_l)) / Σ_l ρ_l, where ``a_l`` is the input
+  of block l's FFN output projection (the very tensor R1 counts zeros in) and ρ_l its
+  nonzero fraction in the batch (a weight, no gradient).
+  - Normalising the L1 norm by the RMS makes it scale-free: a plain L1 can be satisfied by
+    shrinking the activations and growing the output projection (ReLU is positively
+    homogeneous), which costs nothing and sparsifies nothing; mean|a|/rms(a) only falls when
+    mass moves into fewer neurons (≈ 0.56 at 50 % zeros for a half-normal ReLU output,
+    ≈ 0.25 at 90 %).
+  - Weighting layers by their density pushes the dense layers (typically the first) and
+    spares layers that are already sparse, instead of driving those to dead neurons; on
+    tiny-falcon it gives more zeros at the same perplexity than a plain mean over layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int, min_lr_frac: float) -> float:
+    """Learning rate of 0-based ``step``: linear warmup, then cosine to ``min_lr_frac``·peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return peak * (min_lr_frac + (1 - min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def l1_at(step: int, steps: int, final: float, start: float, full: float) -> float:
+    """Progressive activation-L1 weight: 0 before ``start``·steps, half-cosine up to ``final``
+    at ``full``·steps, constant after."""
+    if final <= 0:
+        return 0.0
+    s0, s1 = start * steps, max(start * steps + 1, full * steps)
+    if step < s0:
+        return 0.0
+    t = min(1.0, (step - s0) / (s1 - s0))
+    return final * 0.5 * (1 - math.cos(math.pi * t))
+
+
+class ActivationTap:
+    """Forward pre-hooks on FFN output projections that keep their input for the penalty.
+
+    ``l1_penalty()`` returns the density-weighted mean over layers of mean|a| / rms(a) of the
+    last forward pass (differentiable; see the module docstring); ``zero_fraction()`` the
+    exact-zero fraction of the same tensors.
+    """
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self._acts: list[torch.Tensor | None] = [None] * len(modules)
+        self._hooks = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(modules)]
+
+    def _hook(self, i: int):
+        def hook(_module, args):
+            self._acts[i] = args[0]  # (B, T, d_ffn)
+
+        return hook
+
+    def l1_penalty(self) -> torch.Tensor:
+        acts = [a.float() for a in self._acts if a is not None]  # each (B, T, d_ffn)
+        assert acts, "no FFN activations captured: run a forward pass first"
+        ratio = torch.stack([a.abs().mean() / a.pow(2).mean().sqrt().clamp_min(1e-6) for a in acts])
+        density = torch.stack([(a != 0).float().mean() for a in acts]).clamp_min(1e-6)  # (L,)
+        return (density * ratio).sum() / density.sum()
+
+    @torch.no_grad()
+    def zero_fraction(self) -> float:
+        acts = [a for a in self._acts if a is not None]
+        return float(torch.stack([(a == 0).float().mean() for a in acts]).mean())
+
+    def clear(self) -> None:
+        self._acts = [None] * len(self._acts)
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self.clear()
+
+
+def random_windows(ids: torch.Tensor, batch: int, seq_len: int,
+                   gen: torch.Generator) -> torch.Tensor:
+    """``batch`` random contiguous windows of ``seq_len`` tokens from a 1-D stream: (B, T)."""
+    assert ids.dim() == 1 and len(ids) > seq_len, "token stream shorter than one window"
+    starts = torch.randint(0, len(ids) - seq_len + 1, (batch,), generator=gen)
+    return ids[starts[:, None] + torch.arange(seq_len)]
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+@dataclass
+class StepStats:
+    step: int  # 0-based step just finished
+    loss: float  # language-model loss (without the penalty)
+    penalty: float  # λ × l1_penalty() added to the loss
+    l1: float  # λ used
+    lr: float
+    zero_fraction: float  # exact zeros in this batch's FFN activations
+
+
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, tap: ActivationTap,
+                batches: Iterator[torch.Tensor], *, first: int, last: int,
+                lr: Callable[[int], float], l1: Callable[[int], float], clip: float,
+                device: torch.device, autocast_dtype: torch.dtype | None = None,
+                on_step: Callable[[StepStats], None] | None = None) -> None:
+    """Run optimisation steps ``first`` … ``last - 1`` (0-based), one batch each."""
+    model.train()
+    for step in range(first, last):
+        x = next(batches).to(device)  # (B, T)
+        for group in opt.param_groups:
+            group["lr"] = lr(step)
+        lam = l1(step)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = model(input_ids=x, labels=x).loss
+            penalty = lam * tap.l1_penalty() if lam > 0 else torch.zeros((), device=device)
+        opt.zero_grad(set_to_none=True)
+        (loss + penalty).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        stats = StepStats(step, loss.item(), penalty.item(), lam, lr(step), tap.zero_fraction())
+        tap.clear()
+        if on_step:
+            on_step(stats)
+    model.eval()
