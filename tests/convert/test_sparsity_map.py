@@ -18,7 +18,7 @@ from convert.cli import main
 from convert.gguf_sparsity import check_masks
 from convert.sparsity_map import SparsityMapConfig, load_sparsity_map, sparsity_map, sparsity_map_header, write_sparsity_map
 
-RELU_FALCON = FIXTURES_DIR / "tiny-falcon-relu"
+RELU_FALCON = FIXTURES_DIR / "tiny-falcon-relu"  # aios-convert relufy tiny-falcon, defaults
 
 
 # --- math ---------------------------------------------------------------------------------
@@ -105,24 +105,7 @@ def _masked_heldout_ppl(folder, masks):
     return heldout_perplexity(model, ids)
 
 
-@pytest.fixture(scope="module")
-def relu_falcon(tmp_path_factory):
-    """The bundled relufied falcon; until it is committed, the trained tiny-falcon with its
-    activation switched to ReLU (no fine-tune), which is also a real ReLU model."""
-    if RELU_FALCON.is_dir():
-        return RELU_FALCON
-    import shutil
-
-    folder = tmp_path_factory.mktemp("relu") / "tiny-falcon-relu-switch"
-    shutil.copytree(FIXTURES_DIR / "tiny-falcon", folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["activation"] = "relu"
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
-
-
-def test_conservative_map_changes_heldout_perplexity_by_less_than_0_1_percent(tmp_path, relu_falcon):
-    RELU_FALCON = relu_falcon  # noqa: N806
+def test_conservative_map_changes_heldout_perplexity_by_less_than_0_1_percent(tmp_path):
     cal = tmp_path / "cal.jsonl"
     cal.write_text("".join(json.dumps({"text": t}) + "\n" for t in load_texts(limit=80)))
     res = sparsity_map(str(RELU_FALCON), tmp_path / "map.npz",
