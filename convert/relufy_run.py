@@ -63,7 +63,9 @@ def _load_swapped(handle: ModelHandle, activation: str, device: torch.device):
     """Stock transformers model with ``activation`` in the row's config key, checked per block."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.activations import ACT2FN
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the fine-tune bar owns the terminal
     assert handle.path is not None
     cfg = AutoConfig.from_pretrained(str(handle.path))
     key = next((k for k in handle.arch.activation_keys if k in handle.config), handle.arch.activation_keys[0])
@@ -149,6 +151,11 @@ def _pick_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
+def _autocast_dtype(dev: torch.device) -> torch.dtype | None:
+    """bf16 mixed precision on GPUs that support it; full fp32 on CPU."""
+    return torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
+
+
 def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, resume: bool,
         checkpoint_every: int, eval_every: int, calibration_samples: int | None,
         progress: ProgressFn) -> tuple[dict, int | None]:
@@ -186,7 +193,10 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
         metrics, log, curve, first = state["metrics"], state["log"], state["curve"], state["step"]
         progress("phase", message=f"resuming from step {first} of {cfg.steps}")
 
+    saved = [first]
+
     def checkpoint(step: int) -> None:
+        saved[0] = step
         _save_checkpoint(work, {"identity": identity, "step": step, "model": model.state_dict(),
                                 "optimizer": opt.state_dict(), "generator": gen.get_state(),
                                 "torch_rng": torch.get_rng_state(), "metrics": metrics,
@@ -194,9 +204,15 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
 
     if state is None and checkpoint_every:
         checkpoint(0)
-    train_loop(model, opt, handle, cfg, dev, _batches(train.ids, cfg, gen), first, log, curve,
-               checkpoint if checkpoint_every else None, checkpoint_every, eval_every,
-               lambda: _measure(handle, model, tokenizer, heldout, calib), progress)
+    try:
+        train_loop(model, opt, handle, cfg, dev, _batches(train.ids, cfg, gen), first, log, curve,
+                   checkpoint if checkpoint_every else None, checkpoint_every, eval_every,
+                   lambda: _measure(handle, model, tokenizer, heldout, calib), progress)
+    except KeyboardInterrupt:
+        if checkpoint_every:
+            progress("phase", message=f"checkpoint of step {saved[0]} kept in {work}; "
+                                      "rerun with --resume to continue")
+        raise
     progress("phase", message="measuring the fine-tuned model")
     metrics["after"] = _measure(handle, model, tokenizer, heldout, calib)
     metrics["perplexity_ratio"] = round(metrics["after"]["heldout_perplexity"]
@@ -216,7 +232,7 @@ def train_loop(model, opt, handle: ModelHandle, cfg: RelufyConfig, dev: torch.de
              for i in range(handle.facts.n_layers)]
     tap = tr.ActivationTap(downs)
     warmup = max(1, int(cfg.warmup_frac * cfg.steps))
-    autocast = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    autocast = _autocast_dtype(dev)
     marks = sorted({s for every in (checkpoint_every, eval_every) if every
                     for s in range(every, cfg.steps, every) if s > first} | {cfg.steps})
 
@@ -269,7 +285,8 @@ def _provenance(handle, cfg, act_key, identity, train, heldout, calib, metrics, 
                          "mean_exact_zero_fraction": "contract.measure.ffn (the R1 checker's code)"},
         "training_log": log,
         "curve": curve,
-        "runtime": {"device": dev.type, "autocast": "bfloat16" if dev.type == "cuda" else None,
+        "runtime": {"device": dev.type, "autocast": str(_autocast_dtype(dev)).replace("torch.", "")
+                    if _autocast_dtype(dev) else None,
                     "torch_version": torch.__version__,
                     "transformers_version": transformers.__version__},
     }
