@@ -55,8 +55,8 @@ def run_one(name: str, out: Path, every: int, steps: int | None) -> dict:
         "model": name, "config": cfg.to_dict(), "wall_seconds": round(wall, 1),
         "cpu_seconds": round(cpu, 1), "before": m["before"], "curve": points,
         "perplexity_ratio": m["perplexity_ratio"],
-        "check": {"R1": r1.status.value, "mean_exact_zero_fraction": r1.metric("mean_exact_zero_fraction").value,
-                  "tier": report.tier},
+        "check": {"R1": r1.status.value, "tier": report.tier,
+                  "mean_exact_zero_fraction": r1.metric("mean_exact_zero_fraction").value},
     }
 
 
@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="override the default step count")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [run_one(n, args.out, args.every, args.steps) for n in ([args.only] if args.only else FIXTURES)]
+    names = [args.only] if args.only else FIXTURES
+    results = [run_one(n, args.out, args.every, args.steps) for n in names]
     (args.out / "relufy_curve.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, args.out / "relufy_curve.png")
     for r in results:

@@ -78,7 +78,8 @@ class RelufyConfig:
 
     def validate(self) -> None:
         if self.activation not in ACTIVATIONS:
-            raise UsageError(f"Unknown activation '{self.activation}'; choose from {', '.join(ACTIVATIONS)}.")
+            raise UsageError(f"Unknown activation '{self.activation}'; "
+                             f"choose from {', '.join(ACTIVATIONS)}.")
         positive = {"steps": self.steps, "lr": self.lr, "batch": self.batch,
                     "seq_len": self.seq_len, "clip": self.clip}
         for name, value in positive.items():
@@ -87,7 +88,8 @@ class RelufyConfig:
         if self.l1 < 0 or self.weight_decay < 0:
             raise UsageError("--l1 and the weight decay must be ≥ 0.")
         if not 0 <= self.l1_start <= self.l1_full <= 1 or not 0 <= self.warmup_frac < 1:
-            raise UsageError("Schedule fractions must satisfy 0 ≤ l1_start ≤ l1_full ≤ 1, 0 ≤ warmup < 1.")
+            raise UsageError("Schedule fractions must satisfy 0 ≤ l1_start ≤ l1_full ≤ 1 "
+                             "and 0 ≤ warmup < 1.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

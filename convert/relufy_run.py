@@ -68,7 +68,8 @@ def _load_swapped(handle: ModelHandle, activation: str, device: torch.device):
     hf_logging.disable_progress_bar()  # the fine-tune bar owns the terminal
     assert handle.path is not None
     cfg = AutoConfig.from_pretrained(str(handle.path))
-    key = next((k for k in handle.arch.activation_keys if k in handle.config), handle.arch.activation_keys[0])
+    keys = handle.arch.activation_keys
+    key = next((k for k in keys if k in handle.config), keys[0])
     setattr(cfg, key, activation)
     model = AutoModelForCausalLM.from_pretrained(str(handle.path), config=cfg, dtype=torch.float32,
                                                  use_safetensors=True, trust_remote_code=False)
@@ -297,7 +298,8 @@ def _write_output(handle, model, tokenizer, out: Path, provenance: dict) -> None
     src_dtype = handle.config.get("dtype") or handle.config.get("torch_dtype") or "float32"
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        model.to(getattr(torch, str(src_dtype), torch.float32)).save_pretrained(tmp, safe_serialization=True)
+        model.to(getattr(torch, str(src_dtype), torch.float32))
+        model.save_pretrained(tmp, safe_serialization=True)
         assert handle.path is not None
         for name in TOKENIZER_FILES:
             if (handle.path / name).is_file():

@@ -31,10 +31,11 @@ byte-reproducible):
 ``MAP.json`` (sidecar, same JSON): ``format_version`` (1), ``mode``, ``budget_pct``,
 ``calibration_sha256`` (``aios.data.texts_sha256`` of the calibration texts),
 ``calibration_source``, ``calibration_tokens``, ``model`` (name), ``model_sha256``,
-``n_layers``, ``d_ffn``, ``per_layer_kept`` [L ints], ``per_layer_skip_fraction``,
-``skip_fraction``, ``heldout_ppl_without``, ``heldout_ppl_with``, ``ppl_change_pct``,
-``false_negative_rate``, ``false_negative_rate_bundled_heldout``, ``search`` (every probe:
-skipped, change_pct, ok), ``config`` (``SparsityMapConfig``), ``tool_version``.
+``activation``, ``n_layers``, ``d_ffn``, ``per_layer_kept`` [L ints],
+``per_layer_skip_fraction``, ``skip_fraction``, ``heldout_ppl_without``, ``heldout_ppl_with``,
+``ppl_change_pct``, ``heldout`` (source, texts hash, tokens), ``false_negative_rate``,
+``false_negative_rate_bundled_heldout``, ``search`` (every probe: skipped, change_pct, ok),
+``config`` (``SparsityMapConfig``), ``tool_version``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aios import __version__
 from aios.errors import UsageError
 from aios.io import write_atomic
 from convert.gguf_sparsity import load_sparsity_map, sparsity_map_header
@@ -73,7 +73,8 @@ class SparsityMapConfig:
             raise UsageError(f"Unknown mode '{self.mode}'; choose from {', '.join(MODES)}.")
         if self.mode == "aggressive":
             if self.budget_pct is None or not self.budget_pct > 0:
-                raise UsageError("--mode aggressive needs --budget PCT (a positive perplexity change in %).")
+                raise UsageError("--mode aggressive needs --budget PCT "
+                                 "(a positive perplexity change in %).")
             return float(self.budget_pct)
         if self.budget_pct is not None and self.budget_pct != MODE_BUDGET_PCT[self.mode]:
             raise UsageError(f"--budget applies to --mode aggressive; {self.mode} is fixed at "

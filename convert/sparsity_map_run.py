@@ -28,8 +28,8 @@ class NeuronMask:
     def __init__(self, handle: ModelHandle, model: torch.nn.Module) -> None:
         arch = handle.arch
         self._keep: list[torch.Tensor | None] = [None] * handle.facts.n_layers
-        self._hooks = [model.get_submodule(arch.block(i, arch.ffn_down)).register_forward_pre_hook(self._hook(i))
-                       for i in range(handle.facts.n_layers)]
+        downs = [model.get_submodule(arch.block(i, arch.ffn_down)) for i in range(handle.facts.n_layers)]
+        self._hooks = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(downs)]
 
     def _hook(self, i: int):
         def hook(_module, args):
@@ -52,10 +52,13 @@ class NeuronMask:
 
 def heldout_paragraphs() -> list[str]:
     """The fixtures' held-out topics as paragraphs (texts for the false-negative rate)."""
-    return [p.strip() for doc in fixture_recipe.split_texts("heldout") for p in doc.split("\n\n") if p.strip()]
+    docs = fixture_recipe.split_texts("heldout")
+    return [p.strip() for doc in docs for p in doc.split("\n\n") if p.strip()]
 
 
-def build(model_spec: str, cfg, calibration, progress: Callable[[str], None]) -> tuple[dict[str, Any], np.ndarray]:
+def build(model_spec: str, cfg, calibration,
+          progress: Callable[[str], None]) -> tuple[dict[str, Any], np.ndarray]:
+    """(header, keep (L, d_ffn) bool) for ``model_spec`` under ``cfg`` (a SparsityMapConfig)."""
     budget_pct = cfg.budget()
     handle = resolve_model(model_spec)
     handle.require_weights("A sparsity map")
@@ -68,7 +71,8 @@ def build(model_spec: str, cfg, calibration, progress: Callable[[str], None]) ->
     order = ss.skip_order(freq)
     heldout = ev.pydoc_split(tokenizer, "heldout")
     ppl_without = ev.heldout_perplexity(model, heldout)
-    progress(f"held-out perplexity without a map: {ppl_without:.4f}; searching ({cfg.mode}, < {budget_pct} %)")
+    progress(f"held-out perplexity without a map: {ppl_without:.4f}; "
+             f"searching ({cfg.mode}, < {budget_pct} %)")
     mask = NeuronMask(handle, model)
     ppl_at: dict[int, float] = {0: ppl_without}
 
@@ -112,7 +116,8 @@ def build(model_spec: str, cfg, calibration, progress: Callable[[str], None]) ->
         "heldout": heldout.describe(),
         "false_negative_rate": round(fnr["heldout"], 6),
         "false_negative_rate_bundled_heldout": round(fnr["bundled"], 6),
-        "search": [{"skipped": p.skipped, "change_pct": round(100 * p.change, 6), "ok": p.ok} for p in probes],
+        "search": [{"skipped": p.skipped, "change_pct": round(100 * p.change, 6), "ok": p.ok}
+                   for p in probes],
         "config": asdict(cfg),
         "tool_version": __version__,
     }

@@ -95,7 +95,8 @@ def test_relufy_falcon_output_loads_with_stock_transformers(lm, tmp_path):
     assert prov == res.provenance
     assert prov["config"] == FAST.to_dict() and prov["steps"] == 6
     assert prov["source"]["activation"] == "gelu" and prov["result"]["config_key"] == "activation"
-    assert len(prov["data"]["train"]["texts_sha256"]) == 64 and prov["data"]["calibration"]["samples"] == CAL
+    assert len(prov["data"]["train"]["texts_sha256"]) == 64
+    assert prov["data"]["calibration"]["samples"] == CAL
     m = prov["metrics"]
     assert m["before"]["mean_exact_zero_fraction"] == 0.0
     assert all(math.isfinite(m[k]["heldout_perplexity"]) for k in ("before", "after_swap", "after"))
