@@ -99,7 +99,9 @@ def measure_ffn_activity(
         return hook
 
     encoded = [
-        tokenizer(t, truncation=True, max_length=max_tokens, add_special_tokens=True)["input_ids"]
+        # slice instead of truncation=True: that flag leaves a fast tokenizer's backend
+        # truncating for every later caller sharing the object
+        tokenizer(t, add_special_tokens=True)["input_ids"][:max_tokens]
         for t in texts
     ]
     order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
