@@ -24,9 +24,15 @@ import numpy as np
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION
 from runtime.accounting import ByteCounter
-from runtime.weights import Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
+from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
+
+# Callables ``hook(model, tensors_by_name, layer_index, layer_dict)`` run after a layer's
+# stored tensors are loaded, in order. Extension formats (low-rank + residual, alias
+# canonical + delta) register here and replace entries such as ``"ffn_up.weight"`` with an
+# operator implementing ``runtime.weights.Linear``; the forward pass only sees operators.
+LAYER_HOOKS: list = []
 MODES = ("dense", "sparse", "map")
 F32 = 4
 
@@ -144,6 +150,8 @@ class Model:
                 L[key] = from_gguf_tensor(x)
             else:
                 L[key] = vector(x)
+        for hook in LAYER_HOOKS:  # extension formats turn their tensors into composite operators
+            hook(self, t, i, L)
         if self.mode != "dense":
             L["ffn_down.T"] = transpose(L["ffn_down.weight"])
         if self.mode == "map":
@@ -154,14 +162,15 @@ class Model:
 
     @property
     def weight_bytes(self) -> int:
-        mats = [self.tok_embd, self.output] + [m for L in self.layers for m in L.values() if isinstance(m, Matrix)]
-        return sum({id(m): m.nbytes for m in mats}.values())
+        """Bytes of the distinct stored matrices (a shared tensor counts once)."""
+        ops = [self.tok_embd, self.output] + [m for L in self.layers for m in L.values() if hasattr(m, "parts")]
+        return sum({id(p): p.nbytes for op in ops for p in op.parts()}.values())
 
     # --- pieces --------------------------------------------------------------------
-    def _mm(self, m: Matrix, X: np.ndarray, layer: int | None, rows: np.ndarray | None = None,
+    def _mm(self, m: Linear, X: np.ndarray, layer: int | None, rows: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> np.ndarray:
-        n_rows = m.n_out if rows is None else len(rows)
-        self.counter.add("weights", n_rows * m.row_bytes, layer, m.name)
+        for tensor, nbytes in m.reads(rows):
+            self.counter.add("weights", nbytes, layer, tensor)
         y = m.matmul(X, rows)
         if bias is not None:
             self.counter.add("weights", bias.nbytes, layer, m.name + ".bias")

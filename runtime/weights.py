@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -10,6 +11,27 @@ from aios.errors import InvalidModelError
 from runtime import kernels as K
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+
+
+class Linear(Protocol):
+    """What the forward pass needs from a weight operator y = W x.
+
+    ``Matrix`` is the plain stored tensor; composite operators (low-rank + residual,
+    canonical + delta) implement the same four members so the model and the byte counter
+    treat them alike: ``reads`` must list exactly the bytes ``matmul`` touches.
+    """
+
+    name: str
+    n_out: int
+    n_in: int
+
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray: ...
+
+    def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]: ...
+
+    def parts(self) -> list["Matrix"]: ...
+
+    def dense(self) -> np.ndarray: ...
 
 
 @dataclass
@@ -34,6 +56,14 @@ class Matrix:
     @property
     def nbytes(self) -> int:
         return self.row_bytes * self.n_out
+
+    def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
+        """(tensor name, bytes) that ``matmul(X, rows)`` reads — what the byte counter adds."""
+        return [(self.name, (self.n_out if rows is None else len(rows)) * self.row_bytes)]
+
+    def parts(self) -> list["Matrix"]:
+        """The stored matrices behind this operator (itself); composites list several."""
+        return [self]
 
     def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Y (T, n_out) = X (T, n_in) @ Wᵀ; only ``rows`` are computed (others stay 0)."""
