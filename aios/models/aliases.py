@@ -181,6 +181,12 @@ ALIASES: tuple[Alias, ...] = (
         local_path=FIXTURES_DIR / "tiny-llama",
         note="Bundled fixture: 6-layer Llama (gated SiLU, GQA with 2 KV heads) trained offline.",
     ),
+    Alias(
+        "tiny-falcon-relu",
+        None,
+        local_path=FIXTURES_DIR / "tiny-falcon-relu",
+        note="Bundled fixture: tiny-falcon relufied by aios-convert relufy (ReLU, ~92 % exact zeros).",
+    ),
 )
 
 DEFAULT_MODEL = "tiny-falcon"
