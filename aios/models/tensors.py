@@ -126,6 +126,9 @@ class GGUFStore:
             )
         import gguf
 
+        from aios.models.gguf_bounds import check_gguf_bounds
+
+        check_gguf_bounds(path)  # lengths and offsets fit the file before gguf-py trusts them
         try:
             self.reader = gguf.GGUFReader(str(path), "r")
         except Exception as e:  # the reader raises ValueError/IndexError/... on bad bytes
