@@ -155,6 +155,10 @@ class ModelHandle:
                 model = AutoModelForCausalLM.from_pretrained(
                     str(self.path.parent), gguf_file=self.path.name, config=cfg, **kwargs
                 )
+            elif self.path is not None and (self.path / "aios_alias.json").is_file():
+                from aios.models.alias_format import load_aliased_torch  # canonical + delta folder
+
+                model = load_aliased_torch(self, kwargs["dtype"])
             else:
                 model = AutoModelForCausalLM.from_pretrained(
                     str(self.path), trust_remote_code=False, use_safetensors=True, **kwargs
