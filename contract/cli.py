@@ -21,6 +21,19 @@ def main() -> None:
     """Check language models against the AIOS Model Contract v1.0 (R1-R5)."""
 
 
+ALLOW_PICKLE_HELP = ("Read pickled .bin/.pt weights (refused by default) with torch's weights-only "
+                     "loader, which rejects any pickle that would run code.")
+
+
+def _model_arg(model: str, allow_pickle: bool):
+    """MODEL as typed, or an already resolved handle when pickles are allowed."""
+    if not allow_pickle:
+        return model
+    from aios.models import resolve_model
+
+    return resolve_model(model, allow_pickle=True)
+
+
 def _fmt_bytes(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
@@ -32,7 +45,8 @@ def _fmt_bytes(n: int) -> str:
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
 @click.option("--max-tensors", default=60, show_default=True, help="Tensor rows shown (0 = all).")
-def inspect(model: str, as_json: bool, max_tensors: int) -> None:
+@click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
+def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> None:
     """Architecture facts and tensor inventory of MODEL (default: the bundled fixture).
 
     MODEL is a local HF folder, a .gguf file, a hub id in the local Hugging Face cache,
@@ -40,7 +54,7 @@ def inspect(model: str, as_json: bool, max_tensors: int) -> None:
     """
     from contract.inspect import inspect_model
 
-    report = inspect_model(model)
+    report = inspect_model(_model_arg(model, allow_pickle))
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -110,8 +124,9 @@ STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "not_measured": "yello
               help="aios-run bench JSON: its measured MB/token goes beside the projection in md/html.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the reports (default: print only).")
+@click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
 def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, bench_file,
-          out_dir) -> None:
+          out_dir, allow_pickle) -> None:
     """Score MODEL against R1-R5 by measurement; the exit code is the CI gate.
 
     Without --require-tier/--require the exit code is 0 whenever the check ran.
@@ -137,8 +152,8 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
                 tasks[desc] = bar.add_task(desc, total=total)
             bar.update(tasks[desc], completed=done, total=total)
 
-        report = check_model(model, calibration=calibration, samples=samples, max_tokens=max_tokens,
-                             context=context, require_tier=require_tier,
+        report = check_model(_model_arg(model, allow_pickle), calibration=calibration, samples=samples,
+                             max_tokens=max_tokens, context=context, require_tier=require_tier,
                              require=require.split(",") if require else [], progress=progress)
     _render_check(report)
     if out_dir:

@@ -160,8 +160,12 @@ class ModelHandle:
 
                 model = load_aliased_torch(self, kwargs["dtype"])
             else:
+                # pickles only with --allow-pickle (PickleStore); transformers then reads them
+                # with torch.load(weights_only=True) as well
+                pickled = type(self.store).__name__ == "PickleStore"
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(self.path), trust_remote_code=False, use_safetensors=True, **kwargs
+                    str(self.path), trust_remote_code=False, use_safetensors=not pickled, weights_only=True,
+                    **kwargs
                 )
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise InvalidModelError(

@@ -17,19 +17,24 @@ from aios.models.aliases import ALIASES, Alias, find_alias
 from aios.models.facts import ArchFacts, facts_from_hf_config
 from aios.models.handle import ModelHandle
 from aios.models.hub import find_in_cache, hub_cache_dir, looks_like_hub_id
-from aios.models.tensors import GGUFStore, SafetensorsStore
+from aios.models.tensors import GGUFStore, PickleStore, SafetensorsStore
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def resolve_model(spec: str) -> ModelHandle:
-    """Turn what the user typed into a handle, or raise one clear :class:`AiosError`."""
+def resolve_model(spec: str, *, allow_pickle: bool = False) -> ModelHandle:
+    """Turn what the user typed into a handle, or raise one clear :class:`AiosError`.
+
+    Pickled PyTorch weights are refused unless ``allow_pickle`` (the ``--allow-pickle``
+    option); even then they are read with ``torch.load(weights_only=True)``, which refuses
+    any pickle that would call code (:class:`aios.models.tensors.PickleStore`).
+    """
     spec = str(spec).strip()
     if not spec:
         raise ModelNotFoundError("MODEL is empty; pass a folder, a .gguf file, a hub id or an alias.")
     path = Path(spec).expanduser()
     if path.exists():
-        return _from_path(spec, path)
+        return _from_path(spec, path, allow_pickle=allow_pickle)
     if _looks_like_path(spec):
         raise ModelNotFoundError(f"No such file or folder: {spec}.")
     if looks_like_hub_id(spec):
@@ -56,25 +61,28 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or spec.endswith((".gguf", ".safetensors", ".json"))
 
 
-def _from_path(spec: str, path: Path, kind: str = "hf-folder") -> ModelHandle:
+def _from_path(spec: str, path: Path, kind: str = "hf-folder", allow_pickle: bool = False) -> ModelHandle:
     if path.is_file():
         if path.suffix == ".gguf":
             return _from_gguf(spec, path)
         if path.suffix == ".safetensors" or path.name == "config.json":
             return _from_folder(spec, path.parent, kind)
         if path.suffix in PICKLE_SUFFIXES:
+            if allow_pickle and (path.parent / "config.json").is_file():
+                return _from_folder(spec, path.parent, kind, allow_pickle)
             raise InvalidModelError(_pickle_refusal(path))
         raise InvalidModelError(
             f"{path} is neither a .gguf file nor a model folder; pass the folder holding "
             "config.json and *.safetensors, or a .gguf file."
         )
-    return _from_folder(spec, path, kind)
+    return _from_folder(spec, path, kind, allow_pickle)
 
 
 def _pickle_refusal(where: Path) -> str:
     return (
         f"{where} holds only pickled PyTorch weights, which can execute code when loaded; "
-        "convert them to safetensors first (e.g. with transformers' save_pretrained)."
+        "convert them to safetensors first (e.g. with transformers' save_pretrained), or pass "
+        "--allow-pickle to read plain tensors with torch's weights-only loader."
     )
 
 
@@ -89,7 +97,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def _from_folder(spec: str, folder: Path, kind: str) -> ModelHandle:
+def _from_folder(spec: str, folder: Path, kind: str, allow_pickle: bool = False) -> ModelHandle:
     ggufs = sorted(folder.glob("*.gguf"))
     if not (folder / "config.json").is_file():
         if len(ggufs) == 1:
@@ -104,7 +112,12 @@ def _from_folder(spec: str, folder: Path, kind: str) -> ModelHandle:
     has_st = any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").exists()
     if not has_st:
         if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
-            raise InvalidModelError(_pickle_refusal(folder))
+            if not allow_pickle:
+                raise InvalidModelError(_pickle_refusal(folder))
+            store = PickleStore(folder)  # torch.load(weights_only=True): refuses code
+            handle = ModelHandle(spec, kind, arch, facts, config, path=folder, store=store)  # type: ignore[arg-type]
+            handle.notes.append("Weights read from pickle files with torch's weights-only loader (--allow-pickle).")
+            return handle
         raise InvalidModelError(
             f"{folder} has a config.json but no .safetensors weights; the download is "
             "incomplete or the weights were never saved."

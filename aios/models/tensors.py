@@ -113,6 +113,93 @@ class SafetensorsStore:
             return f.get_tensor(name)
 
 
+class PickleStore:
+    """Tensors of a folder holding only pickled PyTorch weights (opt-in: ``--allow-pickle``).
+
+    Each ``.bin``/``.pt``/``.pth`` file is read with ``torch.load(weights_only=True)``: torch's
+    restricted unpickler accepts tensors and plain containers only, so a pickle whose
+    ``__reduce__`` names any other callable (``os.system``, ``builtins.exec``, ...) is refused
+    before anything runs. Files are memory-mapped where the format allows (zip checkpoints).
+    """
+
+    SUFFIXES = (".bin", ".pt", ".pth")
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        index = folder / "pytorch_model.bin.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+                raise InvalidModelError(f"{index} is not a valid weight index ({_short(e)}).") from e
+            bad = [v for v in weight_map.values() if not _plain_shard_name(v, self.SUFFIXES)]
+            if bad:
+                raise InvalidModelError(f"{index} names an invalid shard {bad[0]!r}; shards must be "
+                                        "pickle files in the model folder.")
+            self._shards = sorted(set(weight_map.values()))
+        else:
+            self._shards = sorted(p.name for p in folder.iterdir() if p.suffix in self.SUFFIXES
+                                  and p.name != "training_args.bin")
+        if not self._shards:
+            raise InvalidModelError(f"{folder} has no pickled weight files.")
+        self._state: dict[str, object] = {}
+        for shard in self._shards:
+            self._state.update({k: (shard, v) for k, v in self._load(shard).items()})
+
+    def _load(self, shard: str) -> dict:
+        import pickle
+        import zipfile
+
+        import torch
+
+        path = self.folder / shard
+        if not path.is_file():
+            raise InvalidModelError(f"Shard '{shard}' is missing from {self.folder}; the download is incomplete.")
+        try:
+            try:
+                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # legacy (non-zip) checkpoints cannot be memory-mapped
+                if "mmap" not in str(e):
+                    raise
+                sd = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError,
+                AttributeError, ImportError, IndexError, KeyError, OSError, zipfile.BadZipFile) as e:
+            raise InvalidModelError(
+                f"{path} was refused by torch's weights-only loader ({_short(e)}); it holds "
+                "something other than plain tensors, which could execute code. Nothing from it was run."
+            ) from None
+        if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+            sd = sd["state_dict"]
+        if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                               for k, v in sd.items()):
+            raise InvalidModelError(f"{path} does not hold a mapping of tensor names to tensors.")
+        return sd
+
+    @cached_property
+    def inventory(self) -> dict[str, TensorInfo]:
+        out = {}
+        for name, (shard, t) in self._state.items():
+            shape = tuple(int(d) for d in t.shape)
+            out[name] = TensorInfo(name, shape, _TORCH_DTYPE.get(str(t.dtype), str(t.dtype)),
+                                   t.numel() * t.element_size(), shard)
+        return out
+
+    def get(self, name: str):
+        if name not in self._state:
+            raise KeyError(name)
+        return self._state[name][1]
+
+    def get_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return self.get(name)[start:stop].float().numpy()
+
+
+_TORCH_DTYPE = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
+                "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32",
+                "torch.int8": "I8", "torch.uint8": "U8", "torch.bool": "BOOL"}
+
+
 class GGUFStore:
     """Tensors and metadata of a GGUF file, read with ``gguf.GGUFReader``."""
 
@@ -186,10 +273,10 @@ class GGUFStore:
         return (t.name for t in self.reader.tensors)
 
 
-def _plain_shard_name(v: object) -> bool:
+def _plain_shard_name(v: object, suffixes: tuple[str, ...] = (".safetensors",)) -> bool:
     """A shard is a bare file name in the model folder (no paths, no traversal)."""
     return (
-        isinstance(v, str) and v.endswith(".safetensors") and "/" not in v and "\\" not in v
+        isinstance(v, str) and v.endswith(suffixes) and "/" not in v and "\\" not in v
         and v not in (".", "..") and not v.startswith(".")
     )
 
