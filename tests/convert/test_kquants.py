@@ -1,0 +1,142 @@
+"""K-quant encoders: ggml's block layouts (read back by gguf-py), error bounds, determinism,
+and error against llama.cpp's own quantizer on the same tensors."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize as gguf_dequantize
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aios.errors import UsageError
+from convert import kquants as kq
+from convert.gguf_tensors import sqnr_db
+
+# SQNR floor on standard-normal rows (measured: 11.6, 16.8, 23.0, 29.0, 35.5 dB)
+MIN_SQNR = {"q2_k": 11.0, "q3_k": 16.0, "q4_k": 22.5, "q5_k": 28.5, "q6_k": 35.0}
+
+
+def roundtrip(x: np.ndarray, t: str, imatrix=None) -> tuple[np.ndarray, np.ndarray]:
+    q = kq.quantize(x, t, imatrix)
+    return q, gguf_dequantize(q, gguf.GGMLQuantizationType[t.upper()])
+
+
+@pytest.mark.parametrize("t", kq.TYPES)
+def test_layout_and_size_match_ggml(t):
+    x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    q, y = roundtrip(x, t)
+    block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t.upper()]]
+    assert (block, type_size) == (kq.QK_K, kq.BLOCK_BYTES[t])
+    assert q.dtype == np.uint8 and q.shape == (3, 2 * type_size) == (3, kq.row_bytes(512, t))
+    assert y.shape == x.shape and sqnr_db(x, y) >= MIN_SQNR[t]
+
+
+@pytest.mark.parametrize("t", kq.TYPES)
+def test_exact_cases(t):
+    z = np.zeros((2, 256), np.float32)
+    assert not roundtrip(z, t)[1].any()
+    c = np.full((1, 256), 3.5, np.float32)  # a power-of-two multiple: exactly representable
+    y = roundtrip(c, t)[1]
+    assert np.abs(y - c).max() <= 1e-3 * 3.5
+    if t in ("q3_k", "q6_k"):  # symmetric: the constant lands on the grid exactly
+        assert np.array_equal(y, c)
+
+
+def test_levels_are_decoded_where_ggml_puts_them():
+    """A ramp makes every level appear once per sub-block in order; any packing slip shows."""
+    x = np.tile(np.linspace(-1, 1, 32, dtype=np.float32), 8)[None, :]
+    for t in kq.TYPES:
+        y = roundtrip(x, t)[1]
+        assert np.all(np.diff(y.reshape(-1, 32), axis=1) >= -1e-6), t  # monotone in every 32-run
+        assert sqnr_db(x, y) > MIN_SQNR[t] - 6, t
+
+
+values = st.builds(
+    lambda kind, rows, blocks, exp, seed: _draw(kind, rows, blocks * 256, 10.0 ** exp, seed),
+    st.sampled_from(["normal", "uniform", "negative", "positive", "sparse", "constant", "heavy"]),
+    st.integers(1, 3), st.integers(1, 2), st.floats(-7, 5), st.integers(0, 2**16),
+)
+
+
+def _draw(kind: str, rows: int, cols: int, scale: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = {"normal": lambda: rng.standard_normal((rows, cols)),
+         "uniform": lambda: rng.uniform(-1, 1, (rows, cols)),
+         "negative": lambda: -np.abs(rng.standard_normal((rows, cols))),
+         "positive": lambda: np.abs(rng.standard_normal((rows, cols))),
+         "sparse": lambda: rng.standard_normal((rows, cols)) * (rng.random((rows, cols)) < 0.1),
+         "constant": lambda: np.full((rows, cols), rng.uniform(-2, 2)),
+         "heavy": lambda: rng.standard_t(2, (rows, cols))}[kind]()
+    return (x * scale).astype(np.float32)
+
+
+@given(values, st.sampled_from(kq.TYPES))
+def test_property_roundtrip_bounded_deterministic(x, t):
+    q, y = roundtrip(x, t)
+    assert np.array_equal(q, kq.quantize(x.copy(), t))  # deterministic
+    assert np.isfinite(y).all() and y.shape == x.shape
+    xb, eb = x.reshape(-1, 256).astype(np.float64), (x - y).reshape(-1, 256).astype(np.float64)
+    # never worse than storing zeros, super-block by super-block
+    assert np.all((eb**2).sum(1) <= (xb**2).sum(1) * (1 + 1e-5) + 1e-30)
+    scale = float(np.abs(x).max())
+    if scale > 1e-3:  # inside fp16's normal range the grid holds: a bounded relative error
+        rel = np.sqrt((eb**2).mean()) / max(np.sqrt((xb**2).mean()), 1e-30)
+        assert rel <= {"q2_k": 0.6, "q3_k": 0.35, "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.06}[t]
+
+
+def test_imatrix_weights_the_error():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 512)).astype(np.float32)
+    im = (rng.standard_normal(512) ** 2 * 10 + 0.01).astype(np.float32)
+    for t in ("q2_k", "q4_k", "q6_k"):
+        plain, weighted = roundtrip(x, t)[1], roundtrip(x, t, im)[1]
+        werr = lambda y: float(np.mean(im * (x - y) ** 2))  # noqa: E731
+        assert werr(weighted) < werr(plain), t
+
+
+def test_user_errors():
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(UsageError, match="multiple of 256"):
+        kq.quantize(np.ones((2, 128), np.float32), "q4_k")
+    with pytest.raises(UsageError, match="must be one of"):
+        kq.quantize(x, "q4_0")
+    with pytest.raises(UsageError, match="NaN"):
+        kq.quantize(np.full((1, 256), np.nan, np.float32), "q6_k")
+    with pytest.raises(UsageError, match="imatrix"):
+        kq.quantize(x, "q4_k", np.ones(128))
+    with pytest.raises(UsageError, match="2-D"):
+        kq.quantize(np.ones(256, np.float32), "q4_k")
+
+
+def _fixture_rows(name: str) -> dict[str, np.ndarray]:
+    """Every 2-D weight of a bundled fixture, as 256-wide rows (tensors whose rows are shorter
+    are read as consecutive rows: the same values for both encoders)."""
+    from safetensors import safe_open
+
+    from aios.models.aliases import FIXTURES_DIR
+
+    out = {}
+    for f in sorted((FIXTURES_DIR / name).glob("*.safetensors")):
+        with safe_open(str(f), "np") as s:
+            for k in s.keys():
+                a = s.get_tensor(k).astype(np.float32)
+                if a.ndim == 2 and a.size % 256 == 0:
+                    out[k] = a.reshape(-1, 256)
+    return out
+
+
+@pytest.mark.parametrize("t", ["q2_k", "q4_k", "q6_k", "q3_k", "q5_k"])
+def test_error_no_worse_than_llama_cpp(t):
+    """Ours ≤ 1.1 × llama.cpp's RMS error on the same tensors (fixture weights + random)."""
+    pytest.importorskip("llama_cpp")
+    rng = np.random.default_rng(0)
+    tensors = dict(_fixture_rows("tiny-falcon"))
+    tensors["gaussian"] = rng.standard_normal((64, 1024)).astype(np.float32)
+    tensors["student-t2"] = rng.standard_t(2, (64, 1024)).astype(np.float32)
+    T = gguf.GGMLQuantizationType[t.upper()]
+    for name, x in tensors.items():
+        ours = np.sqrt(np.mean((x - gguf_dequantize(kq.quantize(x, t), T)) ** 2))
+        ref = np.sqrt(np.mean((x - gguf_dequantize(kq.llama_cpp_quantize(x, t), T)) ** 2))
+        assert ours <= 1.1 * ref, (name, ours, ref)
