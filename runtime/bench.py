@@ -16,10 +16,9 @@ from aios.data import load_heldout
 from aios.errors import AiosError, UsageError
 from aios.io import write_atomic
 from runtime.generate import Sampling, generate, load_tokenizer
-from runtime.model import MODES, RELU_FAMILY, Model
+from runtime.model import LOSSY_MODES, MODES, RELU_FAMILY, Model
 
 BENCH_SCHEMA_VERSION = "1"
-LOSSY_MODES = {"map"}
 
 
 @dataclass
@@ -36,6 +35,8 @@ class BenchRow:
     decode_mb_per_token: dict[str, float]  # by term, measured by the software counter
     decode_mb_per_token_total: float
     ffn_density: float | None  # nonzero FFN activations / all, during decode
+    predictor_fnr: float | None = None  # predict mode, decode: firing neurons predicted silent / firing
+    predicted_density: float | None = None  # predict mode, decode: up/gate rows computed / all
     reduction_vs_baseline: float | None = None
     projected_reduction: float | None = None
     measured_over_projected: float | None = None
@@ -69,8 +70,18 @@ def _projection(path: Path, context: int) -> tuple[float | None, str]:
     return (p.projected_reduction if p else None), f"checker projection at context {context}, tier {rep.tier}"
 
 
+def _prediction_stats(model: Model) -> dict:
+    """False-negative rate and predicted density over the run's decode steps."""
+    s = model.pred_stats
+    if model.mode != "predict" or not s["rows"]:
+        return {}
+    return {"predictor_fnr": round(s["missed"] / max(1, s["fired"]), 6),
+            "predicted_density": round(s["predicted"] / s["rows"], 6)}
+
+
 def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
-          chunk: int = 64, tokenizer: str | None = None, project: bool = True) -> dict:
+          chunk: int = 64, tokenizer: str | None = None, project: bool = True,
+          predictor: str | None = None) -> dict:
     modes = modes or ["dense"]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -90,8 +101,10 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
             if mode != "dense" and model.hp.activation not in RELU_FAMILY:
                 skipped.append(f"{path.name} [{mode}]: activation '{model.hp.activation}' has no exact zeros")
                 continue
-            model = Model(path, mode=mode) if mode != "dense" else model
+            if mode != "dense":
+                model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
             generate(model, ids[:8], 2, chunk=chunk)  # warm-up: numba kernels load/compile
+            model.pred_stats = {k: 0 for k in model.pred_stats}
             _, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
             per_tok = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
             hp = model.hp
@@ -103,6 +116,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
                 decode_mb_per_token={k: round(v, 6) for k, v in per_tok.items()},
                 decode_mb_per_token_total=round(sum(per_tok.values()), 6),
                 ffn_density=round(density, 6),
+                **_prediction_stats(model),
             ))
     if not rows:
         raise UsageError("Nothing to run: every (file, mode) pair was skipped.")
@@ -151,6 +165,11 @@ def to_markdown(result: dict) -> str:
             f"| {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
             f"| {'—' if r['measured_over_projected'] is None else r['measured_over_projected']} |"
         )
+    for r in result["rows"]:
+        if r.get("predictor_fnr") is not None:
+            lines.append(f"\nPredictor on `{Path(r['file']).name}`: measured false-negative rate "
+                         f"{r['predictor_fnr']:.2%} (firing neurons predicted silent, their contribution lost), "
+                         f"up/gate rows computed {r['predicted_density']:.1%}.")
     for s in result["skipped"]:
         lines.append(f"\nSkipped: {s}")
     lines.append("\nMB/token is measured by the runtime's byte counter; projected figures come from "

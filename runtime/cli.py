@@ -13,7 +13,9 @@ from rich.table import Table
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
 
 console = Console(highlight=False)
-MODE_HELP = "FFN execution: dense, sparse (exact: skip rows of zero activations), map (static sparsity map, lossy)."
+MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations), map (static sparsity map, "
+             "lossy), predict (low-rank activation predictor picks up/gate rows, lossy; see fit-predictor).")
+PREDICTOR_HELP = "Predictor file for --mode predict (default: MODEL with suffix .predictor.npz)."
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
@@ -26,7 +28,9 @@ def main() -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate.")
-@click.option("--mode", type=click.Choice(["dense", "sparse", "map"]), default="dense", show_default=True, help=MODE_HELP)
+@click.option("--mode", type=click.Choice(["dense", "sparse", "map", "predict"]), default="dense", show_default=True,
+              help=MODE_HELP)
+@click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
 @click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size (tokens per forward).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True)
@@ -34,19 +38,21 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: the model's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help="Folder with tokenizer.json (default: from the GGUF).")
-def generate(model, prompt, n_tokens, mode, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer) -> None:
+def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
     from runtime.generate import Sampling, generate as gen, load_tokenizer
     from runtime.model import Model
 
     path = Path(model)
-    m = Model(path, mode=mode, n_ctx=n_ctx)
+    m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
     tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
     ids = tok(prompt)["input_ids"]
     out, tm = gen(m, list(ids), n_tokens, chunk=chunk, sampling=Sampling(temperature, top_k, top_p, seed))
     console.print(prompt + tok.decode(out), soft_wrap=True)
     per = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
-    label = " (lossy)" if mode == "map" else ""
+    from runtime.model import LOSSY_MODES
+
+    label = " (lossy)" if mode in LOSSY_MODES else ""
     console.print(
         f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s, {tm.generated} decode steps at "
         f"{tm.decode_tps:.1f} tok/s; measured MB/token {sum(per.values()):.3f} (weights {per['weights']:.3f}, "
@@ -63,14 +69,15 @@ def generate(model, prompt, n_tokens, mode, chunk, temperature, top_k, top_p, se
 @click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
 @click.option("--no-project", is_flag=True, help="Skip the checker's projection (faster).")
+@click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
-def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, out_dir) -> None:
+def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, out_dir) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench, write_bench
 
     res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
-                    project=not no_project)
+                    project=not no_project, predictor=predictor)
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     for col in ("file", "mode", "decode tok/s", "MB/token", "FFN density", "measured red.", "projected red.", "meas/proj"):
         t.add_column(col)
@@ -80,6 +87,10 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                   f"{r['decode_mb_per_token_total']:.4f}", pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
                   pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"))
     console.print(t)
+    for r in res["rows"]:
+        if r.get("predictor_fnr") is not None:
+            console.print(f"predictor on {Path(r['file']).name}: measured false-negative rate "
+                          f"{r['predictor_fnr']:.2%}, up/gate rows computed {r['predicted_density']:.1%} (lossy)")
     for s in res["skipped"]:
         console.print(f"[yellow]skipped:[/] {s}")
     if out_dir:
@@ -88,6 +99,38 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
     else:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
+
+
+@main.command("fit-predictor")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Predictor file (default: MODEL with suffix .predictor.npz).")
+@click.option("--rank", type=int, default=32, show_default=True, help="Rank r of the predictor A·B.")
+@click.option("--target-fnr", type=float, default=0.01, show_default=True,
+              help="Per-neuron false-negative rate the thresholds aim for on calibration tokens.")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="JSONL/TXT calibration texts (default: the bundled set).")
+@click.option("--max-tokens", type=int, default=4096, show_default=True, help="Calibration tokens collected.")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
+def fit_predictor(model, output, rank, target_fnr, calibration, max_tokens, tokenizer) -> None:
+    """Fit the low-rank FFN activation predictor used by --mode predict (ReLU-family GGUFs)."""
+    from aios.data import load_texts
+    from runtime import predictor as P
+
+    path = Path(model)
+    if not path.is_file():
+        from aios.errors import ModelNotFoundError
+
+        raise ModelNotFoundError(f"No such GGUF file: {model}.")
+    cfg = P.PredictorConfig(rank=rank, target_fnr=target_fnr, max_tokens=max_tokens)
+    with console.status("collecting FFN inputs and fitting per-layer predictors…"):
+        pred = P.fit(path, cfg, texts=load_texts(calibration), tokenizer_dir=tokenizer)
+    out = P.save(pred, output or P.default_path(path))
+    h = pred.info["heldout"]
+    console.print(f"wrote {out}: rank {rank}, {len(pred.layers)} layers, {pred.nbytes / 1e6:.3f} MB; on "
+                  f"{pred.info['calibration_tokens']} calibration tokens (20 % held out, measured): "
+                  f"false-negative rate {h['fnr']:.2%}, true density {h['true_density']:.1%}, "
+                  f"predicted density {h['predicted_density']:.1%}")
 
 
 if __name__ == "__main__":  # pragma: no cover

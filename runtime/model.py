@@ -11,6 +11,9 @@ FFN modes:
                ReLU-family activation; identical results to dense)
   map          static sparsity map (``blk.N.ffn_active``): masked neurons skipped in
                up/gate and down — lossy, labelled so in every output
+  predict      a low-rank activation predictor (runtime/predictor.py) picks the up/gate
+               rows to compute per token; down rows of zero activations skipped — lossy
+               (a firing neuron predicted silent is lost), labelled so in every output
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ RELU_FAMILY = ("relu", "relu2", "fatrelu")
 # canonical + delta) register here and replace entries such as ``"ffn_up.weight"`` with an
 # operator implementing ``runtime.weights.Linear``; the forward pass only sees operators.
 LAYER_HOOKS: list = []
-MODES = ("dense", "sparse", "map")
+MODES = ("dense", "sparse", "map", "predict")
+LOSSY_MODES = ("map", "predict")
 F32 = 4
 
 
@@ -76,7 +80,8 @@ def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
 class Model:
     """Weights (mmap-backed where possible), KV cache, and the forward pass."""
 
-    def __init__(self, path: str | Path, mode: str = "dense", n_ctx: int | None = None) -> None:
+    def __init__(self, path: str | Path, mode: str = "dense", n_ctx: int | None = None,
+                 predictor: str | Path | None = None) -> None:
         import gguf
 
         if mode not in MODES:
@@ -131,6 +136,13 @@ class Model:
         self.output_norm_b = vector(t["output_norm.bias"]) if "output_norm.bias" in t else None
         self.layers = [self._layer(t, i) for i in range(self.hp.n_layers)]
         self.counter = ByteCounter()
+        self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
+        self.predictor = None
+        self.pred_stats = {"fired": 0, "missed": 0, "predicted": 0, "rows": 0}
+        if mode == "predict":
+            from runtime import predictor as P
+
+            self.predictor = P.load(predictor or P.default_path(self.path), self)
         hp = self.hp
         self.k_cache = np.zeros((hp.n_layers, hp.n_ctx, hp.n_kv, hp.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
@@ -224,9 +236,20 @@ class Model:
         out = np.einsum("kgtn,nkd->tkgd", w, V).reshape(T, hp.n_heads * hp.head_dim)
         return out.astype(np.float32)
 
+    def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:
+        p = self.predictor.layers[layer]
+        self.counter.add("weights", p.nbytes, layer, f"blk.{layer}.ffn_predictor")
+        return np.flatnonzero(p.predict(h).any(0)).astype(np.int64)  # union over the chunk
+
     def _ffn(self, L: dict, h: np.ndarray, layer: int) -> tuple[np.ndarray, int]:
         hp = self.hp
+        if self.ffn_input_hook is not None:
+            self.ffn_input_hook(layer, h)
         rows = L.get("kept") if self.mode == "map" else None
+        if self.mode == "predict":
+            rows = self._predicted_rows(h, layer)
+            if h.shape[0] == 1 and self.counter.enabled:  # decode steps only (prefill reads a union)
+                self._score_prediction(L, h, rows)
         up = self._mm(L["ffn_up.weight"], h, layer, rows)
         if "ffn_gate.weight" in L:
             a = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows), hp.activation_threshold) * up
@@ -247,6 +270,19 @@ class Model:
             self.counter.add("weights", len(active) * Dt.row_bytes, layer, Dt.name)
             out[t] = Dt.sparse_matvec(a[t], active)
         return out, nnz
+
+    def _score_prediction(self, L: dict, h: np.ndarray, rows: np.ndarray) -> None:
+        """Measure the predictor's false negatives on this input (counter off: not part of the run's bytes)."""
+        W = L["ffn_gate.weight"] if "ffn_gate.weight" in L else L["ffn_up.weight"]
+        thr = float(self.hp.activation_threshold or 0.0) if self.hp.activation == "fatrelu" else 0.0
+        fired = W.matmul(h) > thr  # (T, d_ffn), computed outside the byte counter
+        guess = np.zeros(self.hp.d_ffn, bool)
+        guess[rows] = True
+        s = self.pred_stats
+        s["fired"] += int(fired.sum())
+        s["missed"] += int((fired & ~guess[None, :]).sum())
+        s["predicted"] += int(len(rows)) * h.shape[0]
+        s["rows"] += self.hp.d_ffn * h.shape[0]
 
     # --- forward ---------------------------------------------------------------------
     def reset(self) -> None:
@@ -307,6 +343,8 @@ def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
         from runtime.kernels import LUT_BF16, LUT_F16
 
         return (LUT_F16 if m.kind == "F16" else LUT_BF16)[m.data[tokens]]
+    if m.scales is None:  # K-quants: raw block rows, decoded per token
+        return m.rows_f32(tokens)
     rows = np.zeros((len(tokens), m.n_in), np.float32)
     qs, d = m.data[tokens], m.scales[tokens]  # type: ignore[index]
     nb = m.n_in // 32
@@ -319,6 +357,10 @@ def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
         rows[:] = (np.concatenate([lo, hi], axis=2) * d[:, :, None]).reshape(len(tokens), -1)
     return rows
 
+
+from runtime.lowrank import lowrank_hook  # noqa: E402  (aios-convert svd-residual tensors)
+
+LAYER_HOOKS.append(lowrank_hook)
 
 from runtime.alias import alias_hook  # noqa: E402  (aios-convert alias: canonical + delta tensors)
 
