@@ -9,8 +9,10 @@ import numpy as np
 
 from aios.errors import InvalidModelError
 from runtime import kernels as K
+from runtime import kernels_k as KK
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+KQUANT_TYPES = ("Q2_K", "Q4_K", "Q6_K")  # stored as raw GGUF block rows, decoded in the kernel
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0") + KQUANT_TYPES
 
 
 class Linear(Protocol):
@@ -42,7 +44,7 @@ class Matrix:
     kind: str  # one of SUPPORTED_TYPES
     n_out: int
     n_in: int
-    data: np.ndarray  # F32: float32 (n, k); F16/BF16: uint16 (n, k); Q*: int8/uint8 quants
+    data: np.ndarray  # F32: float32 (n, k); F16/BF16: uint16 (n, k); Q*_0: int8/uint8 quants; Q*_K: raw block bytes
     scales: np.ndarray | None = None  # Q*: float32 (n, k/32)
 
     @property
@@ -79,9 +81,22 @@ class Matrix:
             K.mm_u16(self.data, K.LUT_BF16, X, r, Y)
         elif self.kind == "Q8_0":
             K.mm_q8_0(self.data, self.scales, X, r, Y)
-        else:
+        elif self.kind == "Q4_0":
             K.mm_q4_0(self.data, self.scales, X, r, Y)
+        elif self.kind == "Q4_K":
+            KK.mm_q4_k(self.data, K.LUT_F16, X, KK.xsum(X, 32), r, Y)
+        elif self.kind == "Q2_K":
+            KK.mm_q2_k(self.data, K.LUT_F16, X, KK.xsum(X, 16), r, Y)
+        else:
+            KK.mm_q6_k(self.data, K.LUT_F16, X, r, Y)
         return Y
+
+    def rows_f32(self, rows: np.ndarray) -> np.ndarray:
+        """Selected rows decoded to float32 (embedding look-ups read only these rows)."""
+        from gguf import GGMLQuantizationType, dequantize
+
+        assert self.kind in KQUANT_TYPES, self.kind
+        return dequantize(self.data[rows], GGMLQuantizationType[self.kind]).astype(np.float32)
 
     def dense(self) -> np.ndarray:
         """Dequantized float32 copy (tests and transposition only)."""
@@ -91,6 +106,8 @@ class Matrix:
             return K.LUT_F16[self.data]
         if self.kind == "BF16":
             return K.LUT_BF16[self.data]
+        if self.kind in KQUANT_TYPES:
+            return self.rows_f32(np.arange(self.n_out))
         eye = np.eye(self.n_in, dtype=np.float32)
         return self.matmul(eye).T.copy()
 
@@ -134,6 +151,8 @@ def from_gguf_tensor(t) -> Matrix:
         return Matrix(t.name, kind, n_out, n_in, raw.reshape(n_out, n_in))
     if kind in ("F16", "BF16"):
         return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint16).reshape(n_out, n_in))
+    if kind in KQUANT_TYPES:  # row_bytes = the stored bytes per row, scales included
+        return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint8).reshape(n_out, n_in // KK.QK_K * KK.BLOCK_BYTES[kind]))
     blk = 34 if kind == "Q8_0" else 18
     nb = n_in // K.QK
     blocks = raw.reshape(n_out, nb, blk)
