@@ -7,8 +7,9 @@ llama.cpp hard-codes, so relufied models run as they were trained.
 
 FFN modes:
   dense        every weight row read
-  sparse       exact: down-projection rows of zero activations are skipped (needs a
-               ReLU-family activation; identical results to dense)
+  sparse       exact: down-projection rows of zero activations are skipped, and in gated
+               FFNs the up rows whose gate is zero (needs a ReLU-family activation;
+               identical results to dense)
   map          static sparsity map (``blk.N.ffn_active``): masked neurons skipped in
                up/gate and down — lossy, labelled so in every output
   predict      a low-rank activation predictor (runtime/predictor.py) picks the up/gate
@@ -250,11 +251,15 @@ class Model:
             rows = self._predicted_rows(h, layer)
             if h.shape[0] == 1 and self.counter.enabled:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
-        up = self._mm(L["ffn_up.weight"], h, layer, rows)
         if "ffn_gate.weight" in L:
-            a = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows), hp.activation_threshold) * up
+            g = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows), hp.activation_threshold)
+            if self.mode != "dense":
+                # gate first: a = act(gate)·up is exactly 0 wherever act(gate) is, so only the up
+                # rows with a nonzero gate in some token of the chunk are read (exact, not a guess)
+                rows = np.flatnonzero(g.any(0)).astype(np.int64)
+            a = g * self._mm(L["ffn_up.weight"], h, layer, rows)
         else:
-            a = _act(hp.activation, up, hp.activation_threshold)
+            a = _act(hp.activation, self._mm(L["ffn_up.weight"], h, layer, rows), hp.activation_threshold)
         a = a.astype(np.float32)
         if rows is not None:
             keep = np.zeros(hp.d_ffn, bool)
