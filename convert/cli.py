@@ -19,8 +19,10 @@ def main() -> None:
 @main.command("gguf")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .gguf file.")
-@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0"]), default="f16",
-              show_default=True, help="Type of 2-D weights (norms and biases stay F32).")
+@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k"]),
+              default="f16", show_default=True,
+              help="Type of 2-D weights (norms and biases stay F32; rows that do not fit the type's "
+                   "blocks fall back per tensor, reported).")
 @click.option("--sparsity-map", type=click.Path(dir_okay=False), default=None,
               help="Embed a sparsity map (.npz) as blk.N.ffn_active masks (file then runs in aios-run only).")
 @click.option("--dry-run", is_flag=True, help="Print the tensor plan and metadata; write nothing.")

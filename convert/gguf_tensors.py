@@ -7,7 +7,10 @@ Pure functions on tensors; no model walking or file handling here.
   interleaved order llama.cpp's RoPE expects, GPT-2's Conv1D weights are transposed.
 - Types: 1-D tensors (norms, biases) stay F32 as llama.cpp requires; 2-D weights take the
   requested type, falling back per tensor when the row length is not a multiple of the
-  block size (Q8_0/Q4_0 blocks hold 32 values), never silently.
+  block size (Q8_0/Q4_0 blocks hold 32 values, K-quant super-blocks 256), never silently.
+  K-quant fallbacks keep the size class where they can: Q4_K and Q2_K -> Q4_0 (4.5 bits
+  per weight; llama.cpp picks Q5_0 / IQ4_NL, which our runtime does not run), Q6_K -> Q8_0
+  (llama.cpp's choice too); a row that fits no block at all -> F16.
 - Encoding: rows are converted and quantized in chunks of ``CHUNK_BYTES`` of float32, so
   a conversion never holds more than the source tensor plus one chunk.
 """
@@ -21,9 +24,10 @@ import numpy as np
 
 CHUNK_BYTES = 16 << 20  # float32 bytes converted per step
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k")
+KQUANTS = ("q4_k", "q6_k", "q2_k")  # encoded by convert.kquants
 # what a requested type falls back to when a tensor's shape does not fit its blocks
-FALLBACK = {"q8_0": "f16", "q4_0": "f16", "bf16": "f16"}
+FALLBACK = {"q8_0": "f16", "q4_0": "f16", "bf16": "f16", "q4_k": "q4_0", "q6_k": "q8_0", "q2_k": "q4_0"}
 
 
 def ggml_type(outtype: str):
@@ -41,6 +45,9 @@ def llama_file_type(outtype: str):
         "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
         "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+        "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S,  # uniform Q4_K: closest to llama.cpp's "S" mix
+        "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+        "q2_k": gguf.LlamaFileType.MOSTLY_Q2_K,
     }[outtype]
 
 
@@ -51,10 +58,13 @@ def choose_type(shape: tuple[int, ...], outtype: str) -> tuple[str, str | None]:
     if len(shape) < 2:
         return "f32", None  # norms and biases: llama.cpp computes them in F32
     block, _ = gguf.GGML_QUANT_SIZES[ggml_type(outtype)]
-    if shape[-1] % block:
-        fb = FALLBACK.get(outtype, "f32")
-        return fb, f"row length {shape[-1]} is not a multiple of the {outtype.upper()} block ({block})"
-    return outtype, None
+    if shape[-1] % block == 0:
+        return outtype, None
+    why = f"row length {shape[-1]} is not a multiple of the {outtype.upper()} block ({block})"
+    fb = FALLBACK.get(outtype, "f32")
+    while shape[-1] % gguf.GGML_QUANT_SIZES[ggml_type(fb)][0]:  # the fallback's own blocks must fit
+        fb = FALLBACK.get(fb, "f32")
+    return fb, why
 
 
 def encoded_nbytes(shape: tuple[int, ...], outtype: str) -> int:
@@ -133,6 +143,10 @@ def encode(x: np.ndarray, outtype: str) -> np.ndarray:
         return np.ascontiguousarray(x)
     if outtype == "f16":
         return x.astype(np.float16)
+    if outtype in KQUANTS:  # gguf-py cannot encode K-quants; ours write the same block layout
+        from convert import kquants
+
+        return kquants.quantize(x.reshape(-1, x.shape[-1]), outtype)
     from gguf import quants
 
     return quants.quantize(np.ascontiguousarray(x), ggml_type(outtype))
