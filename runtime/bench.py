@@ -37,6 +37,9 @@ class BenchRow:
     ffn_density: float | None  # nonzero FFN activations / all, during decode
     predictor_fnr: float | None = None  # predict mode, decode: firing neurons predicted silent / firing
     predicted_density: float | None = None  # predict mode, decode: up/gate rows computed / all
+    cachegrind_mb_per_token: float | None = None  # simulated: LL misses × line size, decode slope
+    cachegrind_reduction_vs_baseline: float | None = None
+    cachegrind_over_software: float | None = None  # ratio of the two measured reductions
     reduction_vs_baseline: float | None = None
     projected_reduction: float | None = None
     measured_over_projected: float | None = None
@@ -79,9 +82,35 @@ def _prediction_stats(model: Model) -> dict:
             "predicted_density": round(s["predicted"] / s["rows"], 6)}
 
 
+def _cachegrind_rows(rows: list[BenchRow], predictor: str | None, ll_bytes: int | None,
+                     tokens: tuple[int, int], progress) -> dict:
+    """Simulated DRAM MB/token for every row (valgrind cachegrind; minutes per row)."""
+    import shutil
+    import tempfile
+
+    from runtime.hw_counters import cachegrind_mb_per_token, default_ll_bytes
+
+    if not shutil.which("valgrind"):
+        raise UsageError("--cachegrind needs valgrind on PATH (e.g. apt-get install valgrind).")
+    ll = ll_bytes or default_ll_bytes()
+    n1, n2 = tokens
+    with tempfile.TemporaryDirectory(prefix="aios-cg-") as tmp:
+        for k, r in enumerate(rows):
+            if progress:
+                progress(f"cachegrind {Path(r.file).name} [{r.mode}]", k, len(rows))
+            work = Path(tmp) / str(k)
+            work.mkdir()
+            res = cachegrind_mb_per_token(r.file, r.mode, n1, n2, ll, work,
+                                          predictor=predictor if r.mode == "predict" else None)
+            r.cachegrind_mb_per_token = round(res["mb_per_token"], 6)
+    return {"evidence": "simulated (cachegrind last-level misses x 64-byte lines, slope between two decode "
+                        "lengths; NUMBA_NUM_THREADS=1)", "ll_bytes": ll, "decode_tokens": [n1, n2]}
+
+
 def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
           chunk: int = 64, tokenizer: str | None = None, project: bool = True,
-          predictor: str | None = None) -> dict:
+          predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
+          cachegrind_tokens: tuple[int, int] = (2, 6), progress=None) -> dict:
     modes = modes or ["dense"]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -120,6 +149,9 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
             ))
     if not rows:
         raise UsageError("Nothing to run: every (file, mode) pair was skipped.")
+    cg_settings = None
+    if cachegrind:
+        cg_settings = _cachegrind_rows(rows, predictor, ll_bytes, cachegrind_tokens, progress)
     base = rows[0]
     context = base.prompt_tokens + n // 2
     for r in rows[1:]:
@@ -129,8 +161,14 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
             r.projected_reduction, r.projection_note = proj, note
             if proj:
                 r.measured_over_projected = round(r.reduction_vs_baseline / proj, 4)
+    for r in rows[1:]:
+        if r.cachegrind_mb_per_token is not None and base.cachegrind_mb_per_token:
+            r.cachegrind_reduction_vs_baseline = round(1 - r.cachegrind_mb_per_token / base.cachegrind_mb_per_token, 6)
+            if r.reduction_vs_baseline:
+                r.cachegrind_over_software = round(r.cachegrind_reduction_vs_baseline / r.reduction_vs_baseline, 4)
     return {
         "schema_version": BENCH_SCHEMA_VERSION,
+        "cachegrind": cg_settings,
         "tool": "aios-run bench",
         "tool_version": __version__,
         "evidence": "measured (software byte counter: bytes the runtime's kernels read)",
@@ -170,6 +208,17 @@ def to_markdown(result: dict) -> str:
             lines.append(f"\nPredictor on `{Path(r['file']).name}`: measured false-negative rate "
                          f"{r['predictor_fnr']:.2%} (firing neurons predicted silent, their contribution lost), "
                          f"up/gate rows computed {r['predicted_density']:.1%}.")
+    cg = result.get("cachegrind")
+    if cg:
+        lines += ["", f"Cachegrind estimate ({cg['evidence']}; LL {cg['ll_bytes'] / 2**20:.2f} MiB):", "",
+                  "| File | Mode | Simulated DRAM MB/token | Simulated reduction | Software reduction | Simulated / software |",
+                  "|---|---|---|---|---|---|"]
+        for r in result["rows"]:
+            def f(x, pct=True):
+                return "—" if x is None else (f"{x:.1%}" if pct else f"{x}")
+            lines.append(f"| {Path(r['file']).name} | {r['mode']} | {f(r['cachegrind_mb_per_token'], False)} "
+                         f"| {f(r['cachegrind_reduction_vs_baseline'])} | {f(r['reduction_vs_baseline'])} "
+                         f"| {f(r['cachegrind_over_software'], False)} |")
     for s in result["skipped"]:
         lines.append(f"\nSkipped: {s}")
     lines.append("\nMB/token is measured by the runtime's byte counter; projected figures come from "

@@ -61,6 +61,30 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     )
 
 
+def _size(text: str) -> int:
+    import re
+
+    from aios.errors import UsageError
+
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.I)
+    if not m:
+        raise UsageError(f"--ll-size '{text}' is not a size such as 32MiB or 1048576.")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    return int(m.group(1)) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[unit]
+
+
+def _two_ints(text: str) -> tuple[int, int]:
+    from aios.errors import UsageError
+
+    try:
+        a, b = (int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--cachegrind-tokens '{text}' must be two integers such as 2,6.") from None
+    if not 0 < a < b:
+        raise UsageError("--cachegrind-tokens needs 0 < first < second.")
+    return a, b
+
+
 @main.command()
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--modes", default="dense", show_default=True, help="Comma-separated modes run for every file. " + MODE_HELP)
@@ -70,14 +94,22 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
 @click.option("--no-project", is_flag=True, help="Skip the checker's projection (faster).")
 @click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
+@click.option("--cachegrind", is_flag=True,
+              help="Also estimate DRAM MB/token with valgrind cachegrind (LL misses x line size; minutes per run).")
+@click.option("--ll-size", default=None, help="Simulated last-level cache for --cachegrind, e.g. 32MiB, 1MiB "
+              "(default: this machine's L3). Smaller than the model to see weight streaming.")
+@click.option("--cachegrind-tokens", default="2,6", show_default=True,
+              help="The two decode lengths whose difference gives the per-token slope.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
-def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, out_dir) -> None:
+def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, cachegrind, ll_size,
+          cachegrind_tokens, out_dir) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench, write_bench
 
     res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
-                    project=not no_project, predictor=predictor)
+                    project=not no_project, predictor=predictor, cachegrind=cachegrind,
+                    ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens))
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     for col in ("file", "mode", "decode tok/s", "MB/token", "FFN density", "measured red.", "projected red.", "meas/proj"):
         t.add_column(col)
@@ -87,6 +119,12 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                   f"{r['decode_mb_per_token_total']:.4f}", pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
                   pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"))
     console.print(t)
+    if res.get("cachegrind"):
+        for r in res["rows"]:
+            console.print(f"cachegrind {Path(r['file']).name} [{r['mode']}]: simulated DRAM "
+                          f"{r['cachegrind_mb_per_token']:.4f} MB/token; simulated reduction "
+                          f"{r['cachegrind_reduction_vs_baseline'] if r['cachegrind_reduction_vs_baseline'] is not None else '—'}"
+                          f", simulated/software {r['cachegrind_over_software'] or '—'}")
     for r in res["rows"]:
         if r.get("predictor_fnr") is not None:
             console.print(f"predictor on {Path(r['file']).name}: measured false-negative rate "

@@ -142,17 +142,32 @@ def cachegrind_run(cmd: list[str], out_file: Path, ll_bytes: int, ll_assoc: int 
     return parse_cachegrind_out(out_file.read_text(), line)
 
 
+def default_ll_bytes() -> int:
+    """This machine's last-level cache size (sysfs), else 32 MiB."""
+    for idx in (3, 2):
+        f = Path(f"/sys/devices/system/cpu/cpu0/cache/index{idx}/size")
+        try:
+            v = f.read_text().strip()
+        except OSError:
+            continue
+        m = re.match(r"(\d+)([KMG]?)", v)
+        if m:
+            return int(m.group(1)) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[m.group(2)]
+    return 32 << 20
+
+
 def cachegrind_mb_per_token(model: str, mode: str, n1: int, n2: int, ll_bytes: int, work: Path,
-                            prompt_tokens: int = 16) -> dict:
+                            prompt_tokens: int = 16, predictor: str | None = None) -> dict:
     """Simulated DRAM traffic per decoded token: LL misses × line size, slope between n1 and n2."""
     import sys
 
+    extra = [str(predictor)] if predictor else []
     # populate numba's on-disk cache natively first, so no run under valgrind compiles kernels
-    subprocess.run([sys.executable, "-m", "runtime.trace", model, mode, "1", "2"], check=True,
+    subprocess.run([sys.executable, "-m", "runtime.trace", model, mode, "1", "2", *extra], check=True,
                    capture_output=True)
     samples = {}
     for n in (n1, n2):
-        cmd = [sys.executable, "-m", "runtime.trace", model, mode, str(n), str(prompt_tokens)]
+        cmd = [sys.executable, "-m", "runtime.trace", model, mode, str(n), str(prompt_tokens), *extra]
         samples[n] = cachegrind_run(cmd, work / f"cg-{mode}-{n}.out", ll_bytes)
     per_token = (samples[n2].dram_bytes - samples[n1].dram_bytes) / (n2 - n1)
     return {"mb_per_token": per_token / 1e6, "ll_bytes": ll_bytes, "n1": n1, "n2": n2,

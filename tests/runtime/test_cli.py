@@ -61,3 +61,36 @@ def test_map_mode_skips_masked_neurons(exported, tmp_path):
     assert mp.ffn_nnz <= len(ids) * kept
     dense = Model(out).forward(ids, all_logits=True)
     assert np.abs(logits - dense).max() > 0  # lossy by construction
+
+
+def test_bench_cachegrind_columns_and_options(exported, tmp_path, monkeypatch):
+    """--cachegrind plumbing: simulated MB/token per row, reductions and their ratio (valgrind stubbed)."""
+    import runtime.hw_counters as hw
+
+    relu, _ = exported("tiny-falcon", "f32", relu=True)
+    calls = []
+
+    def fake(model, mode, n1, n2, ll, work, prompt_tokens=16, predictor=None):
+        calls.append((mode, n1, n2, ll))
+        return {"mb_per_token": {"dense": 4.0, "sparse": 3.0}[mode]}
+
+    monkeypatch.setattr(hw, "cachegrind_mb_per_token", fake)
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
+    out = tmp_path / "b"
+    res = CliRunner().invoke(main, ["bench", str(relu), "--modes", "dense,sparse", "--prompt-tokens", "8", "-n", "3",
+                                    "--no-project", "--cachegrind", "--ll-size", "1MiB", "--cachegrind-tokens", "3,7",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert calls == [("dense", 3, 7, 1 << 20), ("sparse", 3, 7, 1 << 20)]
+    data = json.loads((out / "aios-bench.json").read_text())
+    sp = data["rows"][1]
+    assert sp["cachegrind_reduction_vs_baseline"] == 0.25
+    assert sp["cachegrind_over_software"] == round(0.25 / sp["reduction_vs_baseline"], 4)
+    assert data["cachegrind"]["ll_bytes"] == 1 << 20 and "simulated" in data["cachegrind"]["evidence"]
+    assert "Simulated / software" in (out / "aios-bench.md").read_text()
+    for bad in (["--ll-size", "lots"], ["--cachegrind-tokens", "7,3"], ["--cachegrind-tokens", "x"]):
+        res = CliRunner().invoke(main, ["bench", str(relu), "--no-project", "--cachegrind", *bad])
+        assert res.exit_code == 2 and res.stderr.startswith("error:"), (bad, res.output)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    res = CliRunner().invoke(main, ["bench", str(relu), "--no-project", "--cachegrind", "-n", "2", "--prompt-tokens", "4"])
+    assert res.exit_code == 2 and "valgrind" in res.stderr
