@@ -121,10 +121,13 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
     console.print(t)
     if res.get("cachegrind"):
         for r in res["rows"]:
+            red = r["cachegrind_kernel_reduction_vs_baseline"]
             console.print(f"cachegrind {Path(r['file']).name} [{r['mode']}]: simulated DRAM "
-                          f"{r['cachegrind_mb_per_token']:.4f} MB/token; simulated reduction "
-                          f"{r['cachegrind_reduction_vs_baseline'] if r['cachegrind_reduction_vs_baseline'] is not None else '—'}"
-                          f", simulated/software {r['cachegrind_over_software'] or '—'}")
+                          f"{r['cachegrind_mb_per_token']:.4f} MB/token, {r['cachegrind_kernel_mb_per_token']:.4f} in "
+                          f"kernels" + ("" if red is None else
+                                        f"; kernel reduction {red:.1%} vs software weights reduction "
+                                        f"{r['software_weight_reduction_vs_baseline']:.1%} (ratio "
+                                        f"{r['cachegrind_kernel_over_software_weights']})"))
     for r in res["rows"]:
         if r.get("predictor_fnr") is not None:
             console.print(f"predictor on {Path(r['file']).name}: measured false-negative rate "

@@ -106,26 +106,45 @@ class CachegrindSample:
     ll_read_misses: int
     ll_write_misses: int
     line_bytes: int
+    # LL data misses in code without symbols (``fl=??? fn=???``): numba's JIT-compiled
+    # kernels, i.e. the weight reads; the rest is the interpreter, libc and numpy
+    jit_misses: int = 0
 
     @property
     def dram_bytes(self) -> int:
         return (self.ll_read_misses + self.ll_write_misses) * self.line_bytes
 
+    @property
+    def jit_dram_bytes(self) -> int:
+        return self.jit_misses * self.line_bytes
+
 
 def parse_cachegrind_out(text: str, line_bytes: int = 64) -> CachegrindSample:
-    """LL data misses from a ``cachegrind.out`` file's ``events:`` and ``summary:`` lines."""
+    """LL data misses from a ``cachegrind.out`` file: the ``summary:`` totals, and the misses
+    of cost lines under ``fl=???``/``fn=???`` (code valgrind has no symbols for — JIT code)."""
     events = summary = None
+    cols: list[int] = []
+    jit = 0
+    fl = fn = ""
     for line in text.splitlines():
         if line.startswith("events:"):
             events = line.split()[1:]
+            cols = [events.index(e) for e in ("DLmr", "DLmw") if e in events]
         elif line.startswith("summary:"):
             summary = [int(x) for x in line.split()[1:]]
+        elif line.startswith("fl="):
+            fl = re.sub(r"^\(\d+\)\s*", "", line[3:].strip())
+        elif line.startswith("fn="):
+            fn = re.sub(r"^\(\d+\)\s*", "", line[3:].strip())
+        elif cols and fl == "???" and fn == "???" and line[:1].isdigit():
+            vals = line.split()[1:]  # first field is the line number
+            jit += sum(int(vals[c]) for c in cols if c < len(vals))
     if not events or not summary:
         raise ValueError("not a cachegrind output file (no events/summary lines)")
     vals = dict(zip(events, summary))
     if "DLmr" not in vals:
         raise ValueError("cachegrind ran without --cache-sim=yes (no DLmr/DLmw events)")
-    return CachegrindSample(vals["DLmr"], vals.get("DLmw", 0), line_bytes)
+    return CachegrindSample(vals["DLmr"], vals.get("DLmw", 0), line_bytes, jit)
 
 
 def cachegrind_run(cmd: list[str], out_file: Path, ll_bytes: int, ll_assoc: int = 16, line: int = 64) -> CachegrindSample:
@@ -170,5 +189,7 @@ def cachegrind_mb_per_token(model: str, mode: str, n1: int, n2: int, ll_bytes: i
         cmd = [sys.executable, "-m", "runtime.trace", model, mode, str(n), str(prompt_tokens), *extra]
         samples[n] = cachegrind_run(cmd, work / f"cg-{mode}-{n}.out", ll_bytes)
     per_token = (samples[n2].dram_bytes - samples[n1].dram_bytes) / (n2 - n1)
-    return {"mb_per_token": per_token / 1e6, "ll_bytes": ll_bytes, "n1": n1, "n2": n2,
+    jit = (samples[n2].jit_dram_bytes - samples[n1].jit_dram_bytes) / (n2 - n1)
+    return {"mb_per_token": per_token / 1e6, "kernel_mb_per_token": jit / 1e6,
+            "ll_bytes": ll_bytes, "n1": n1, "n2": n2,
             "ll_misses": {n: s.ll_read_misses + s.ll_write_misses for n, s in samples.items()}}

@@ -72,7 +72,7 @@ def test_bench_cachegrind_columns_and_options(exported, tmp_path, monkeypatch):
 
     def fake(model, mode, n1, n2, ll, work, prompt_tokens=16, predictor=None):
         calls.append((mode, n1, n2, ll))
-        return {"mb_per_token": {"dense": 4.0, "sparse": 3.0}[mode]}
+        return {"mb_per_token": {"dense": 4.0, "sparse": 3.0}[mode], "kernel_mb_per_token": {"dense": 2.0, "sparse": 1.2}[mode]}
 
     monkeypatch.setattr(hw, "cachegrind_mb_per_token", fake)
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
@@ -86,8 +86,10 @@ def test_bench_cachegrind_columns_and_options(exported, tmp_path, monkeypatch):
     sp = data["rows"][1]
     assert sp["cachegrind_reduction_vs_baseline"] == 0.25
     assert sp["cachegrind_over_software"] == round(0.25 / sp["reduction_vs_baseline"], 4)
+    assert sp["cachegrind_kernel_reduction_vs_baseline"] == 0.4
+    assert sp["cachegrind_kernel_over_software_weights"] == round(0.4 / sp["software_weight_reduction_vs_baseline"], 4)
     assert data["cachegrind"]["ll_bytes"] == 1 << 20 and "simulated" in data["cachegrind"]["evidence"]
-    assert "Simulated / software" in (out / "aios-bench.md").read_text()
+    assert "kernel vs weights" in (out / "aios-bench.md").read_text()
     for bad in (["--ll-size", "lots"], ["--cachegrind-tokens", "7,3"], ["--cachegrind-tokens", "x"]):
         res = CliRunner().invoke(main, ["bench", str(relu), "--no-project", "--cachegrind", *bad])
         assert res.exit_code == 2 and res.stderr.startswith("error:"), (bad, res.output)
