@@ -22,6 +22,7 @@ transformers model for perplexity.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -352,6 +353,10 @@ def finish(handle: ModelHandle, out: Path, built: list[BuiltGroup], report: dict
            gguf, dealias, config) -> AliasResult:
     """Write the folder atomically, measure its ratio by the shared definition, export GGUFs."""
     write_folder(handle, out, built, report)
+    return finish_exports(out, report, config, outtype=outtype, gguf=gguf, dealias=dealias)
+
+
+def finish_exports(out: Path, report: dict[str, Any], config, *, outtype: str, gguf, dealias) -> AliasResult:
     result = AliasResult(out, config, report)
     if gguf or dealias:
         from convert.alias_gguf import export_alias_gguf
@@ -363,7 +368,10 @@ def finish(handle: ModelHandle, out: Path, built: list[BuiltGroup], report: dict
     return result
 
 
-def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report: dict[str, Any]) -> None:
+def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report: dict[str, Any],
+                 state: dict[str, torch.Tensor] | None = None) -> None:
+    """The aliased HF folder, built in a temp folder and renamed; ``state`` overrides the
+    source's un-aliased tensors (a trained run changes them too)."""
     from safetensors.torch import save_file
 
     assert handle.path is not None
@@ -371,7 +379,8 @@ def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report
     tensors: dict[str, torch.Tensor] = {}
     for info in handle.tensor_inventory():
         if info.name not in removed:
-            tensors[info.name] = handle.tensor(info.name)
+            tensors[info.name] = state[info.name].to(handle.tensor(info.name).dtype) if state is not None \
+                else handle.tensor(info.name)
     src_dtype = {info.name: info.dtype for info in handle.tensor_inventory()}
     for bg in built:
         want = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(
@@ -400,7 +409,11 @@ def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report
         ratio = af.ratio_of(resolve_model(str(tmp)))  # the checker's definition, on the written bytes
         report["aliasing"] = ratio.to_dict()
         (tmp / af.SIDECAR).write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
+        umask = os.umask(0)
+        os.umask(umask)
+        for p in tmp.iterdir():
+            p.chmod(0o666 & ~umask)
+        tmp.chmod(0o777 & ~umask)
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

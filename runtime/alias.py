@@ -91,7 +91,10 @@ def alias_hook(model, tensors: dict, i: int, L: dict) -> None:
             L[m.weight[len(prefix):]] = AliasedLinear(m.weight, canon, m.encoding, delta)
     for name in af.stored_alias_names(groups):  # raw entries the generic loader made for this layer
         if name.startswith(prefix):
-            L.pop(name[len(prefix):], None)
+            key = name[len(prefix):]
+            L.pop(key, None)
+            if key.endswith(".lr_u"):  # runtime.lowrank's hook also wraps any X.lr_u/X.lr_v pair as X.weight
+                L.pop(key[: -len(".lr_u")] + ".weight", None)
 
 
 def _matrix(t) -> Matrix:

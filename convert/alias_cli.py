@@ -1,0 +1,38 @@
+"""Rendering of ``aios-convert alias`` results (the click command lives in ``convert/cli.py``)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from convert.alias import AliasResult, short_name
+
+
+def render_alias(result: AliasResult) -> None:
+    console = Console(highlight=False)
+    rep = result.report
+    table = Table(title=f"aios-convert alias ({rep['mode']}) → {result.output}")
+    for col in ("matrix", "layers", "status", "cos to canonical (zone)"):
+        table.add_column(col)
+    for a in rep.get("analysis", []):
+        cos = " ".join(f"{float(v):.3f}" for v in a["cos_to_canonical"].values())
+        table.add_row(short_name(a["type"]), ",".join(map(str, a["members"] or a["zone_layers"])),
+                      "aliased" if a["aliased"] else f"kept: {a['rejected']}", cos)
+    if rep.get("analysis"):
+        console.print(table)
+    al = rep["aliasing"]
+    norms = rep.get("delta_norms", [])
+    console.print(f"groups: {len(rep['groups'])}; aliasing ratio (measured from the written tensors): core zone "
+                  f"{al['core_aliasing_ratio']:.1%} of {al['core_bytes']:,} B, model-wide {al['model_aliasing_ratio']:.1%}"
+                  " (canonical charged pro rata to its group)")
+    if norms:
+        worst = max(norms, key=lambda n: n["rel_delta_norm"])
+        console.print(f"‖δ_i‖/‖W_c‖: max {worst['rel_delta_norm']:.1%} ({short_name(worst['type'])}, layer "
+                      f"{worst['layer']}); per member in {result.output / 'aios_alias.json'}")
+    console.print(f"held-out perplexity (measured): {rep['source_heldout_perplexity']:.3f} → "
+                  f"{rep['heldout_perplexity']:.3f} ({rep['perplexity_delta']:+.3f})")
+    if result.gguf:
+        console.print(f"wrote {result.gguf} (aliased; runs in aios-run, not in llama.cpp)")
+    if result.dealiased_gguf:
+        console.print(f"wrote {result.dealiased_gguf} (de-aliased standard GGUF; llama.cpp loads it)")
+    console.print(f"wrote {result.output}")

@@ -1,0 +1,205 @@
+"""Trained aliasing (``aios-convert alias --train``): the R3 architecture itself.
+
+The chosen layers' matrices of each shareable type are re-parameterized as
+``W_i = W_c + δ_i`` (torch parametrizations, so stock transformers modules run unchanged):
+``W_c`` is one parameter per group initialised from the group mean, ``δ_i`` starts at
+``W_i − W_c`` — dense, or for ``lowrank:R`` as factors ``U_i V_i`` initialised from the
+rank-R truncated SVD of ``W_i − W_c``. The whole model is then fine-tuned on the fixtures'
+train split with ``L_task + λ(t) Σ_i ‖δ_i‖²_F`` (λ rises by a half-cosine from 0 to
+``lam`` over the first ``lam_ramp`` of the steps, then stays; AdamW without weight decay,
+warmup + cosine learning rate from ``convert/training.py``). The penalty alone does not
+bound ‖δ_i‖/‖W_c‖, which R3 does (< 10 %), so by default each step ends with a projection
+onto ‖δ_i‖ ≤ ρ(t)‖W_c‖, the radius shrinking by a half-cosine from each delta's initial
+relative norm to ``max_rel_delta`` at ``shrink_until`` of the steps (projected gradient
+descent; the deltas are rescaled, a low-rank one through both factors). Afterwards the deltas are
+stored in the requested encoding (``q8_0`` quantizes, ``none`` drops them) and the held-out
+perplexity of exactly the stored model is measured against the independent-weight source.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.utils import parametrize
+
+from aios.errors import UsageError
+from aios.models import ModelHandle, resolve_model
+from convert import alias as A
+from convert import evaluation as ev
+from convert import training as tr
+
+
+@dataclass(frozen=True)
+class AliasTrainConfig:
+    """Trained-aliasing config (versioned, embedded in the artifact)."""
+
+    zones: str = "all"
+    delta: str = "lowrank:8"
+    types: tuple[str, ...] | None = None
+    steps: int = 150
+    lr: float = 1e-3
+    batch: int = 8
+    seq_len: int = 128
+    lam: float = 1e-2  # final λ of λ Σ‖δ_i‖²
+    lam_ramp: float = 0.3  # fraction of the steps over which λ rises from 0
+    max_rel_delta: float | None = 0.09  # projection radius ‖δ_i‖ ≤ ρ‖W_c‖ reached at shrink_until (None: off)
+    shrink_until: float = 0.6  # fraction of the steps at which the radius reaches max_rel_delta
+    warmup: int = 20
+    seed: int = 0
+    version: int = 1
+
+
+class _Member(torch.nn.Module):
+    """Parametrization returning W_c + δ_i (the module's own stored weight is ignored)."""
+
+    def __init__(self, canonical: torch.nn.Parameter, delta: torch.nn.ParameterList) -> None:
+        super().__init__()
+        self.canonical = canonical
+        self.delta = delta  # [D] dense or [U, V] low-rank
+
+    def delta_value(self) -> torch.Tensor:
+        return self.delta[0] if len(self.delta) == 1 else self.delta[0] @ self.delta[1]
+
+    @torch.no_grad()
+    def project(self, radius: float) -> None:
+        """Rescale δ so that ‖δ‖_F ≤ radius·‖W_c‖_F."""
+        rel = float(self.delta_value().norm() / self.canonical.norm().clamp_min(1e-30))
+        if rel > radius:
+            c = radius / rel
+            for p in self.delta:
+                p.mul_(c ** (1 / len(self.delta)))
+
+    def delta_sq(self) -> torch.Tensor:
+        if len(self.delta) == 1:
+            return self.delta[0].pow(2).sum()
+        U, V = self.delta
+        return ((U.T @ U) * (V @ V.T)).sum()  # ‖U V‖²_F without forming U V
+
+    def forward(self, _stored: torch.Tensor) -> torch.Tensor:
+        return self.canonical + self.delta_value()
+
+
+def reparameterize(tm: torch.nn.Module, handle: ModelHandle, types: list[str], layers: list[int],
+                   encoding: str, rank: int | None) -> dict[str, list[tuple[int, _Member]]]:
+    """Install W_c + δ_i on ``layers`` for each type; returns type -> [(layer, member)]."""
+    out: dict[str, list[tuple[int, _Member]]] = {}
+    for rel in types:
+        mods = {i: tm.get_submodule(handle.arch.block(i, rel).rsplit(".", 1)[0]) for i in layers}
+        W = {i: mods[i].weight.detach().clone() for i in layers}
+        canon = torch.nn.Parameter(torch.stack(list(W.values())).mean(0))
+        members = []
+        for i in layers:
+            d = W[i] - canon.detach()
+            if encoding == "lowrank":
+                U, S, Vh = torch.linalg.svd(d.double(), full_matrices=False)
+                r = min(rank or 1, len(S))
+                s = S[:r].sqrt()
+                parts = [(U[:, :r] * s).float(), (s[:, None] * Vh[:r]).float()]
+            else:  # dense, q8_0 and none train a dense delta
+                parts = [d]
+            m = _Member(canon, torch.nn.ParameterList([torch.nn.Parameter(p.contiguous()) for p in parts]))
+            mods[i].weight.requires_grad_(False)
+            parametrize.register_parametrization(mods[i], "weight", m, unsafe=True)
+            members.append((i, m))
+        out[rel] = members
+    return out
+
+
+def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig, *, outtype: str = "f32",
+                gguf=None, dealias=None, progress: A.ProgressFn | None = None) -> A.AliasResult:
+    encoding, rank = A.parse_delta(cfg.delta)
+    if cfg.steps < 1 or cfg.batch < 1 or cfg.seq_len < 2 or cfg.lr <= 0 or cfg.lam < 0:
+        raise UsageError("--steps, --batch must be ≥ 1, --seq-len ≥ 2, --lr > 0 and --lam ≥ 0.")
+    out = Path(out)
+    A.check_output(out)
+    handle = model if isinstance(model, ModelHandle) else resolve_model(str(model))
+    A.check_source(handle)
+    say = progress or (lambda _m: None)
+    f = handle.facts
+    layers = A.zone_layers(cfg.zones, f.n_layers, f.core_zone)
+    if len(layers) < 2:
+        raise UsageError("--zones must cover at least two layers to share a canonical.")
+    post = A.AliasConfig(zones=cfg.zones, delta=cfg.delta, types=cfg.types, min_cosine=0.0,
+                         require_bytes_saved=False)
+    types = A._types(handle, post)  # noqa: SLF001
+    torch.manual_seed(cfg.seed)
+    tm = handle.load_torch(dtype="float32")
+    tok = handle.load_tokenizer()
+    heldout = ev.pydoc_split(tok, "heldout")
+    train_ids = ev.pydoc_split(tok, "train").ids
+    base_ppl = ev.heldout_perplexity(tm, heldout)
+    say(f"held-out perplexity of the source: {base_ppl:.3f}")
+    groups = reparameterize(tm, handle, types, layers, encoding, rank)
+    init_ppl = ev.heldout_perplexity(tm, heldout)
+    say(f"after re-parameterization (deltas {'truncated to rank ' + str(rank) if rank else 'exact'}): {init_ppl:.3f}")
+    members = [m for ms in groups.values() for _, m in ms]
+    with torch.no_grad():
+        rel0 = [float(m.delta_value().norm() / m.canonical.norm()) for m in members]
+    params = [p for p in tm.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    log, t0 = [], time.perf_counter()
+    tm.train()
+    for step in range(cfg.steps):
+        lr = tr.lr_at(step, cfg.steps, cfg.lr, cfg.warmup, 0.1)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        lam = tr.l1_at(step, cfg.steps, cfg.lam, 0.0, cfg.lam_ramp)
+        x = tr.random_windows(train_ids, cfg.batch, cfg.seq_len, gen)
+        loss = tm(input_ids=x, labels=x).loss
+        sq = torch.stack([m.delta_sq() for m in members]).sum() if members else torch.zeros(())
+        opt.zero_grad(set_to_none=True)
+        (loss + lam * sq).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if cfg.max_rel_delta is not None:
+            s = tr.l1_at(step, cfg.steps, 1.0, 0.0, cfg.shrink_until)  # 0 -> 1 half-cosine
+            for m, r0 in zip(members, rel0):
+                m.project(cfg.max_rel_delta + (max(r0, cfg.max_rel_delta) - cfg.max_rel_delta) * (1 - s))
+        if step % 25 == 0 or step == cfg.steps - 1:
+            rel = _max_rel(groups)
+            log.append({"step": step, "loss": round(loss.item(), 4), "lam": lam, "delta_sq": round(sq.item(), 4),
+                        "max_rel_delta": round(rel, 4), "seconds": round(time.perf_counter() - t0, 1)})
+            say(f"step {step}: loss {loss.item():.3f}, λ {lam:.2e}, max ‖δ‖/‖W_c‖ {rel:.3f}")
+    tm.eval()
+    built = _freeze(tm, handle, groups, encoding, rank)
+    ppl = ev.heldout_perplexity(tm, heldout)
+    say(f"held-out perplexity of the stored aliased model: {ppl:.3f} (source {base_ppl:.3f})")
+    state = {k: v.detach().clone() for k, v in tm.state_dict().items()}
+    report = {"command": "aios-convert alias --train", "mode": "trained", "config": asdict(cfg),
+              "heldout": ev.pydoc_split(tok, "heldout").describe(), "train_tokens": int(len(train_ids)),
+              "source_heldout_perplexity": round(base_ppl, 4), "reparameterized_heldout_perplexity": round(init_ppl, 4),
+              "heldout_perplexity": round(ppl, 4), "perplexity_delta": round(ppl - base_ppl, 4),
+              "training_log": log, "train_seconds": round(time.perf_counter() - t0, 1)}
+    A.write_folder(handle, out, built, report, state=state)
+    return A.finish_exports(out, report, post, outtype=outtype, gguf=gguf, dealias=dealias)
+
+
+@torch.no_grad()
+def _max_rel(groups) -> float:
+    rel = 0.0
+    for ms in groups.values():
+        for _, m in ms:
+            rel = max(rel, float(m.delta_value().norm() / m.canonical.norm()))
+    return rel
+
+
+@torch.no_grad()
+def _freeze(tm: torch.nn.Module, handle: ModelHandle, groups, encoding: str, rank: int | None) -> list[A.BuiltGroup]:
+    """Store the trained structure in ``encoding`` and put exactly the stored W_i into ``tm``."""
+    built = []
+    for rel, ms in groups.items():
+        canon = ms[0][1].canonical.detach().numpy().astype(np.float32)
+        W = {i: (m.canonical + m.delta_value()).detach().numpy().astype(np.float32) for i, m in ms}
+        names = {i: handle.arch.block(i, rel) for i, _ in ms}
+        bg = A.build_group(rel, W, canon, names, encoding, rank, "mean")
+        for i, _ in ms:
+            mod = tm.get_submodule(names[i].rsplit(".", 1)[0])
+            parametrize.remove_parametrizations(mod, "weight", leave_parametrized=False)
+            mod.weight.copy_(torch.from_numpy(bg.approx[i]))
+        built.append(bg)
+    return built

@@ -1,0 +1,221 @@
+"""aios-convert alias: the ratio definition, encoders, analysis, the written format, the loader, R3, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aios.models import alias_format as af
+from aios.models import resolve_model
+from aios.models.aliases import FIXTURES_DIR
+from convert import alias as A
+from convert.cli import main
+
+
+def build_alias_folder(src, out, *, zones="all", delta="lowrank:8", types=None):
+    """An aliased folder without perplexity measurement (fast; for format/runtime tests)."""
+    h = resolve_model(str(src))
+    cfg = A.AliasConfig(zones=zones, delta=delta, types=types, min_cosine=0.0, require_bytes_saved=False)
+    enc, rank = A.parse_delta(delta)
+    built = []
+    for ta in A.analyse(h, cfg):
+        names = {i: h.arch.block(i, ta.type) for i in ta.members}
+        W = {i: h.tensor(names[i]).float().numpy() for i in ta.members}
+        canon = np.mean([W[i] for i in ta.members], 0).astype(np.float32)
+        built.append(A.build_group(ta.type, W, canon, names, enc, rank, "mean"))
+    A.write_folder(h, out, built, {"mode": "test", "perplexity_delta": 0.5, "heldout_perplexity": 1.0,
+                                   "source_heldout_perplexity": 0.5})
+    return out
+
+
+# --- the ratio definition (pure) ---------------------------------------------------------------
+
+
+def test_aliasing_ratio_charges_canonical_pro_rata():
+    # 6 layers, one aliased type (B = 600 B) shared by all 6 with 60 B deltas, one plain type (B = 400 B)
+    members = tuple(af.Member(i, f"w{i}", "lowrank", (f"d{i}",), 1) for i in range(6))
+    g = af.Group("t", "can", members)
+    sizes = {"can": 600, **{f"d{i}": 60 for i in range(6)}}
+    r = af.aliasing_ratio([g], sizes.__getitem__, lambda layer, t: 400 if t == "u" else None,
+                          core=[2, 3], n_layers=6, types=["t", "u"])
+    saved = 600 - 600 / 6 - 60  # per member
+    assert r.core_bytes == 2 * (600 + 400) and r.model_bytes == 6 * 1000
+    assert r.core_ratio == pytest.approx(2 * saved / 2000)
+    assert r.model_ratio == pytest.approx(6 * saved / 6000)
+    # the same group confined to the core zone can save at most half of it (the canonical costs 1/2)
+    g2 = af.Group("t", "can", members[2:4])
+    r2 = af.aliasing_ratio([g2], sizes.__getitem__, lambda layer, t: 600 if t == "t" else None,
+                           core=[2, 3], n_layers=6, types=["t"])
+    assert r2.core_ratio == pytest.approx((2 * (600 - 300 - 60)) / 1200)
+    assert r2.core_ratio < 0.5
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(0, 10_000))
+def test_q8_quantize_matches_gguf_and_requantizes_exactly(rows, blocks, seed):
+    from gguf import GGMLQuantizationType, dequantize, quants
+
+    x = np.random.default_rng(seed).standard_normal((rows, 32 * blocks)).astype(np.float32)
+    q, s = af.q8_quantize(x)
+    assert q.dtype == np.int8 and s.dtype == np.float16 and s.shape == (rows, blocks)
+    raw = quants.quantize(x, GGMLQuantizationType.Q8_0)
+    y = af.q8_dequantize(q, s)
+    np.testing.assert_array_equal(y, dequantize(raw, GGMLQuantizationType.Q8_0).reshape(x.shape))
+    # the GGUF writer re-quantizes the dequantized values: it must reproduce the same blocks
+    np.testing.assert_array_equal(quants.quantize(y, GGMLQuantizationType.Q8_0), raw)
+
+
+def test_lowrank_encoding_is_exact_for_low_rank_deltas_and_truncates_otherwise():
+    rng = np.random.default_rng(0)
+    d = (rng.standard_normal((40, 3)) @ rng.standard_normal((3, 24))).astype(np.float32)
+    u, v = A.encode_delta(d, "lowrank", 3)
+    assert u.shape == (40, 3) and v.shape == (3, 24)
+    np.testing.assert_allclose(u @ v, d, atol=1e-5)
+    full = rng.standard_normal((40, 24)).astype(np.float32)
+    u, v = A.encode_delta(full, "lowrank", 4)
+    s = np.linalg.svd(full, compute_uv=False)
+    assert np.linalg.norm(full - u @ v) == pytest.approx(np.sqrt((s[4:] ** 2).sum()), rel=1e-4)
+    assert A.encode_delta(full, "none", None) == [] and A.decode_delta([], "none") is None
+
+
+def test_canonical_stats_mean_and_medoid_match_direct_computation():
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((5, 30))
+    W[1:4] += 3 * rng.standard_normal(30)  # layers 1..3 share a large common part
+    G = W @ W.T
+    cos, rel, j = A.canonical_stats(G, [1, 2, 3], "mean")
+    mean = W[[1, 2, 3]].mean(0)
+    for i in range(5):
+        assert cos[i] == pytest.approx(W[i] @ mean / np.linalg.norm(W[i]) / np.linalg.norm(mean))
+        assert rel[i] == pytest.approx(np.linalg.norm(W[i] - mean) / np.linalg.norm(mean))
+    _, _, j = A.canonical_stats(G, [1, 2, 3], "medoid")
+    cost = [sum(np.linalg.norm(W[i] - W[c]) ** 2 for i in (1, 2, 3)) for c in (1, 2, 3)]
+    assert j == (1, 2, 3)[int(np.argmin(cost))]
+    assert A.select_members(G, [0, 1, 2, 3, 4], {i: 0.9 for i in range(5)}, "mean") == [1, 2, 3]
+
+
+def test_zone_thresholds_reject_every_type_of_the_fixture():
+    """tiny-falcon's layers are far apart (cosine to the core mean ≈ 0.7 < 0.95): post-hoc aliases nothing."""
+    h = resolve_model("tiny-falcon")
+    analysis = A.analyse(h, A.AliasConfig())
+    assert len(analysis) == 4 and all(a.rejected and "threshold" in a.rejected for a in analysis)
+    assert all(a.zone == [2, 3] for a in analysis)
+    # dense deltas never pass the bytes-saved condition
+    forced = A.analyse(h, A.AliasConfig(delta="dense", min_cosine=0.0))
+    assert all("would not be smaller" in a.rejected for a in forced)
+
+
+# --- the written folder, the loader and R3 ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def aliased_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("alias") / "tiny-llama-alias"
+    return build_alias_folder(FIXTURES_DIR / "tiny-llama", out, delta="q8_0", types=("q_proj", "up_proj", "o_proj"))
+
+
+def test_folder_stores_each_canonical_once_and_records_members(aliased_llama):
+    h = resolve_model(str(aliased_llama))
+    inv = h.store.inventory
+    groups = af.groups_of(h)
+    assert [short for short in sorted(A.short_name(g.type) for g in groups)] == ["o_proj", "q_proj", "up_proj"]
+    for g in groups:
+        assert g.canonical in inv and len(g.members) == 6
+        for m in g.members:
+            assert m.weight not in inv  # the duplicate is dropped, recorded in the metadata
+            assert all(t in inv for t in m.tensors) and inv[m.tensors[0]].dtype == "I8"
+    assert "model.layers.0.mlp.gate_proj.weight" in inv  # un-aliased types stay as they were
+    report = json.loads((aliased_llama / af.SIDECAR).read_text())
+    assert report["aliasing"]["core_aliasing_ratio"] == pytest.approx(af.ratio_of(h).core_ratio, abs=1e-6)
+
+
+def test_loader_materializes_canonical_plus_delta(aliased_llama):
+    h = resolve_model(str(aliased_llama))
+    model = h.load_torch(dtype="float32")
+    src = resolve_model("tiny-llama")
+    for g in af.groups_of(h):
+        Wc = h.tensor(g.canonical).float().numpy()
+        for m in g.members:
+            q, s = (h.tensor(t).numpy() for t in m.tensors)
+            want = Wc + af.q8_dequantize(q, s)
+            got = model.get_parameter(m.weight).detach().numpy()
+            np.testing.assert_array_equal(got, want)
+            orig = src.tensor(m.weight).float().numpy()  # q8_0 deltas: close to the original
+            assert np.linalg.norm(got - orig) / np.linalg.norm(orig) < 0.02
+    # un-aliased weights are loaded unchanged
+    np.testing.assert_array_equal(model.get_parameter("model.layers.1.mlp.down_proj.weight").detach().numpy(),
+                                  src.tensor("model.layers.1.mlp.down_proj.weight").numpy())
+
+
+def test_r3_recognises_the_alias_format(aliased_llama):
+    from aios.data import load_texts
+    from contract.checks import r3_aliasing
+    from contract.checks.base import CheckContext
+    from contract.result import Evidence, Status
+
+    h = resolve_model(str(aliased_llama))
+    r = r3_aliasing.check(h, CheckContext(calibration_texts=load_texts(limit=1)))
+    ratio = af.ratio_of(h)
+    assert r.metric("aliasing_ratio").value == pytest.approx(ratio.core_ratio, abs=1e-6)
+    assert r.metric("aliasing_ratio").evidence == Evidence.measured
+    assert r.metric("perplexity_delta").evidence == Evidence.declared and r.metric("perplexity_delta").value == 0.5
+    norms = af.delta_norms(h, af.groups_of(h))
+    assert r.metric("max_rel_delta_norm").value == pytest.approx(max(n["rel_delta_norm"] for n in norms
+                                                                     if n["layer"] in (2, 3)))
+    # 3 of 7 types aliased with q8_0 deltas: far below 0.70, and the deltas are the full differences
+    assert r.status == Status.failed and ratio.core_ratio < 0.7 and "fails" in r.summary
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (["--delta", "lowrank:0"], 2, "rank R ≥ 1"),
+    (["--delta", "fp4"], 2, "--delta must be"),
+    (["--zones", "4-2"], 2, "--zones must be"),
+    (["--types", "nonexistent"], 2, "not a shareable matrix"),
+    (["--steps", "5"], 2, "need --train"),
+    (["--train", "--budget-ppl", "1"], 2, "post-hoc"),
+    (["--budget-ppl", "-1"], 2, "≥ 0"),
+])
+def test_bad_options_are_one_clean_error(tmp_path, args, code, text):
+    r = CliRunner().invoke(main, ["alias", "tiny-falcon", "-o", str(tmp_path / "out"), *args])
+    assert r.exit_code == code, r.output
+    assert text in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_inputs_exit_4(tmp_path, aliased_llama, gguf_file):
+    runner = CliRunner()
+    r = runner.invoke(main, ["alias", str(gguf_file()), "-o", str(tmp_path / "o1")])
+    assert r.exit_code == 4 and "HF safetensors folder" in r.output
+    r = runner.invoke(main, ["alias", str(aliased_llama), "-o", str(tmp_path / "o2")])
+    assert r.exit_code == 4 and "already aliased" in r.output
+    r = runner.invoke(main, ["alias", str(tmp_path / "missing"), "-o", str(tmp_path / "o3")])
+    assert r.exit_code == 4
+    (tmp_path / "exists").mkdir()
+    r = runner.invoke(main, ["alias", "tiny-falcon", "-o", str(tmp_path / "exists")])
+    assert r.exit_code == 2 and "already exists" in r.output
+
+
+def test_broken_alias_record_is_a_clean_error(tmp_path, aliased_llama):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in aliased_llama.iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    sd = load_file(bad / "model.safetensors")
+    save_file(sd, bad / "model.safetensors", metadata={"format": "pt", af.HF_METADATA_KEY: "[{\"type\": 1}]"})
+    r = CliRunner().invoke(main, ["gguf", str(bad), "-o", str(tmp_path / "x.gguf")])
+    from aios.errors import InvalidModelError
+
+    with pytest.raises(InvalidModelError, match="invalid alias record"):
+        af.groups_of(resolve_model(str(bad)))
+    assert "Traceback" not in r.output
