@@ -138,3 +138,60 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
     result = sparsity_map(model, out, SparsityMapConfig(mode=mode, budget_pct=budget), calibration=calibration,
                           progress=lambda message: err_console.print(f"[dim]{message}[/]"))
     render_sparsity_map(result)
+
+
+# --- canonical + delta aliasing (issue 7) ---------------------------------------------------
+
+
+@main.command("alias")
+@click.argument("model")
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
+              help="Output HF folder (canonical + deltas, aios_alias.json report); must not exist.")
+@click.option("--zones", default="core", show_default=True,
+              help="Layers sharing one canonical per matrix type: core, all, or a range A-B.")
+@click.option("--delta", default="lowrank:8", show_default=True, help="Delta encoding: dense, lowrank:R, q8_0 or none.")
+@click.option("--canonical", type=click.Choice(["mean", "medoid"]), default="mean", show_default=True)
+@click.option("--types", default=None, help="Comma-separated matrix types to alias (e.g. q_proj,k_proj); default all shareable.")
+@click.option("--min-cosine", type=float, default=None,
+              help="Join threshold against the canonical instead of the contract's zone thresholds (post-hoc).")
+@click.option("--budget-ppl", type=float, default=None,
+              help="Keep a matrix type only if measured held-out perplexity rises by at most X (post-hoc).")
+@click.option("--train", is_flag=True, help="Trained aliasing: fine-tune W_c + δ_i with λ Σ‖δ_i‖².")
+@click.option("--steps", type=int, default=None, help="--train: optimisation steps.")
+@click.option("--lam", type=float, default=None, help="--train: final λ of the delta penalty.")
+@click.option("--lr", type=float, default=None, help="--train: peak learning rate.")
+@click.option("--gguf", type=click.Path(dir_okay=False), default=None, help="Also write an aliased GGUF for aios-run.")
+@click.option("--dealias", type=click.Path(dir_okay=False), default=None,
+              help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
+@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0"]), default="f32", show_default=True,
+              help="Type of the GGUF outputs' 2-D weights.")
+def alias_command(model: str, out: str, zones: str, delta: str, canonical: str, types: str | None,
+                  min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
+                  lam: float | None, lr: float | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
+    """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3)."""
+    from aios.cli_common import err_console
+    from aios.errors import UsageError
+    from convert.alias import AliasConfig, alias
+    from convert.alias_cli import render_alias
+
+    def progress(message: str) -> None:
+        err_console.print(f"[dim]{message}[/]")
+
+    type_list = tuple(t.strip() for t in types.split(",") if t.strip()) if types else None
+    if train:
+        from dataclasses import replace
+
+        from convert.alias_train import AliasTrainConfig, train_alias
+
+        if min_cosine is not None or budget_ppl is not None or canonical != "mean":
+            raise UsageError("--min-cosine, --budget-ppl and --canonical apply to post-hoc aliasing, not --train.")
+        cfg = replace(AliasTrainConfig(zones=zones, delta=delta, types=type_list),
+                      **{k: v for k, v in dict(steps=steps, lam=lam, lr=lr).items() if v is not None})
+        result = train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
+    else:
+        if steps is not None or lam is not None or lr is not None:
+            raise UsageError("--steps, --lam and --lr need --train.")
+        cfg = AliasConfig(zones=zones, delta=delta, canonical=canonical, types=type_list, min_cosine=min_cosine,
+                          budget_ppl=budget_ppl)
+        result = alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
+    render_alias(result)
