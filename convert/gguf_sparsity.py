@@ -27,6 +27,33 @@ import numpy as np
 from aios.errors import InvalidModelError, ModelNotFoundError
 
 TENSOR_NAME = "blk.{i}.ffn_active"
+MAX_MEMBER_BYTES = 1 << 26  # a mask is d_ffn entries (Falcon-180B: 29,696); headers are a few KB
+
+
+def _read_npz(p: Path) -> dict[str, np.ndarray]:
+    """Every array of the npz, after checking sizes: no member (declared or stored) may be
+    larger than ``MAX_MEMBER_BYTES``, and an array header may not declare more data than its
+    member holds, so a hostile map cannot make numpy allocate terabytes."""
+    fmt = np.lib.format
+    try:
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if info.file_size > MAX_MEMBER_BYTES:
+                    raise InvalidModelError(f"{p}: member '{info.filename}' declares {info.file_size:,} "
+                                            f"bytes (at most {MAX_MEMBER_BYTES:,}).")
+                with zf.open(info) as fh:
+                    read = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(
+                        fmt.read_magic(fh))
+                    if read is None:
+                        raise ValueError(f"'{info.filename}' is not a version 1 or 2 .npy array")
+                    shape, _, dtype = read(fh)
+                    if int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
+                        raise InvalidModelError(f"{p}: array '{info.filename}' declares shape {shape}, "
+                                                "more data than the file holds.")
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, TypeError) as e:
+        raise InvalidModelError(f"{p} is not a readable .npz sparsity map ({e}).") from None
 
 
 def load_sparsity_map(path: str | Path) -> dict[int, np.ndarray]:
@@ -34,11 +61,7 @@ def load_sparsity_map(path: str | Path) -> dict[int, np.ndarray]:
     p = Path(path)
     if not p.is_file():
         raise ModelNotFoundError(f"Sparsity map not found: {p}.")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise InvalidModelError(f"{p} is not a readable .npz sparsity map ({e}).") from e
+    arrays = _read_npz(p)
     masks: dict[int, np.ndarray] = {}
     for key, a in arrays.items():
         if key == "header":
@@ -63,14 +86,14 @@ def sparsity_map_header(path: str | Path) -> dict:
     if side.is_file():
         raw = side.read_text(encoding="utf-8")
     else:
-        with np.load(p, allow_pickle=False) as z:
-            if "header" in z.files:
-                raw = str(z["header"])
+        arrays = _read_npz(p)
+        if "header" in arrays:
+            raw = str(arrays["header"])
     if raw is None:
         return {}
     try:
         header = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise InvalidModelError(f"The header of sparsity map {p} is not valid JSON ({e}).") from e
     if not isinstance(header, dict):
         raise InvalidModelError(f"The header of sparsity map {p} is not a JSON object.")

@@ -36,7 +36,7 @@ def read_json(path: str | Path) -> dict[str, Any]:
         raise InvalidReportError(f"No such report file: {path}.")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # deep nesting too
         raise InvalidReportError(f"{path} is not JSON ({e.__class__.__name__}: {e}).") from None
     if not isinstance(data, dict):
         raise InvalidReportError(f"{path} holds a JSON {type(data).__name__}, not a report object.")

@@ -41,8 +41,8 @@ def load_texts(path: str | Path | None = None, limit: int | None = None) -> list
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as e:
-                raise BadTextFileError(f"{p}:{lineno} is not valid JSON ({e}).") from e
+            except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting
+                raise BadTextFileError(f"{p}:{lineno} is not valid JSON ({e}).") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise BadTextFileError(f"{p}:{lineno} has no string field 'text'.")
             texts.append(obj["text"])

@@ -90,8 +90,8 @@ def _read_config(folder: Path) -> dict[str, Any]:
     cfg_path = folder / "config.json"
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidModelError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it.") from e
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: deep nesting
+        raise InvalidModelError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it.") from None
     if not isinstance(config, dict):
         raise InvalidModelError(f"{cfg_path} does not hold a JSON object.")
     return config

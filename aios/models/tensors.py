@@ -48,7 +48,7 @@ class SafetensorsStore:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 if not isinstance(weight_map, dict):
                     raise TypeError("weight_map is not an object")
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
                 raise InvalidModelError(
                     f"{index} is not a valid safetensors index ({e}); re-download or rewrite it."
                 ) from e
@@ -132,7 +132,7 @@ class PickleStore:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
                 if not isinstance(weight_map, dict):
                     raise TypeError("weight_map is not an object")
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
                 raise InvalidModelError(f"{index} is not a valid weight index ({_short(e)}).") from e
             bad = [v for v in weight_map.values() if not _plain_shard_name(v, self.SUFFIXES)]
             if bad:
