@@ -50,10 +50,12 @@ TYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 F16_MAX = 65504.0
 F16_TINY = 2.0**-24  # smallest fp16 subnormal
+SYM_STEP = 0.2  # symmetric sweep: the largest value mapped to its end level ± 0..1 in these steps
+DESCENT_STEPS = 12  # super-block coordinate-descent rounds (most stop after 2-4)
 
 # affine types: (sub-block length, level max, scale-code max, sweep start, step, steps)
-_AFFINE = {"q2_k": (16, 3, 15, -0.5, 0.05, 40), "q4_k": (32, 15, 63, -1.0, 0.05, 40),
-           "q5_k": (32, 31, 63, -1.0, 0.05, 40)}
+_AFFINE = {"q2_k": (16, 3, 15, -0.5, 0.1, 20), "q4_k": (32, 15, 63, -1.0, 0.1, 20),
+           "q5_k": (32, 31, 63, -1.0, 0.1, 20)}
 # symmetric types: (sub-block length, level min, level max, scale-code min, scale-code max)
 _SYMMETRIC = {"q3_k": (16, -4, 3, -32, 31), "q6_k": (16, -32, 31, -128, 127)}
 
@@ -154,9 +156,11 @@ def _fit_affine(x, w, nmax, r0, dr, steps, L, Lt):
         return 0.0, lo
     sw = 0.0
     sx = 0.0
+    sx2 = 0.0
     for i in range(n):
         sw += w[i]
         sx += w[i] * x[i]
+        sx2 += w[i] * x[i] * x[i]
     best = np.inf
     bs, bo = (hi - lo) / nmax, lo
     s, o = bs, bo
@@ -172,8 +176,9 @@ def _fit_affine(x, w, nmax, r0, dr, steps, L, Lt):
         sl = 0.0
         sl2 = 0.0
         sxl = 0.0
+        inv = 1.0 / s
         for i in range(n):
-            q = min(max(np.rint((x[i] - o) / s), 0.0), nmax)
+            q = min(max(np.rint((x[i] - o) * inv), 0.0), nmax)
             Lt[i] = q
             sl += w[i] * q
             sl2 += w[i] * q * q
@@ -186,10 +191,8 @@ def _fit_affine(x, w, nmax, r0, dr, steps, L, Lt):
         if no > 0.0:
             no = 0.0
             ns = sxl / sl2
-        err = 0.0
-        for i in range(n):
-            r = ns * Lt[i] + no - x[i]
-            err += w[i] * r * r
+        # Σ w (ns·L + no − x)², expanded: no second pass over the values
+        err = sx2 + ns * ns * sl2 + no * no * sw + 2 * (ns * no * sl - ns * sxl - no * sx)
         if err < best:
             best = err
             bs, bo = ns, no
@@ -207,10 +210,9 @@ def _affine_err(x, w, sub, nmax, d, dmin, ls, lm, L):
     for j in range(ls.shape[0]):
         s = np.float32(d) * np.float32(ls[j])  # as the decoder computes it, in float32
         m = np.float32(dmin) * np.float32(lm[j])
+        inv = 1.0 / s if s != 0.0 else 0.0
         for i in range(j * sub, (j + 1) * sub):
-            q = 0.0
-            if s != 0.0:
-                q = min(max(np.rint((x[i] + m) / s), 0.0), nmax)
+            q = min(max(np.rint((x[i] + m) * inv), 0.0), nmax)
             L[i] = q
             r = s * q - m - x[i]
             err += w[i] * r * r
@@ -256,7 +258,7 @@ def _encode_affine(X, W, sub, nmax, smax, r0, dr, steps):
             ls[:] = 0
             lm[:] = 0
             L[:] = 0
-        for it in range(12):  # coordinate descent on the reconstruction error
+        for it in range(DESCENT_STEPS):  # coordinate descent on the reconstruction error
             improved = False
             # (a) integer codes per sub-block given (d, dmin) and the levels
             if d != 0.0:
@@ -337,21 +339,22 @@ def _fit_symmetric(x, w, qlo, qhi, L, Lt):
     best = -1.0  # maximize (Σwxl)² / Σwl², i.e. minimize the error of the least-squares scale
     bs = 0.0
     s = 0.0
-    for k in range(-22, 21 + 8):
-        if k == -22:  # the largest magnitude on the long (qlo) end of the levels, exactly
+    for k in range(-12, 11 + 8):
+        if k == -12:  # the largest magnitude on the long (qlo) end of the levels, exactly
             s = m / qlo
         elif k < 0:  # ... and near it
-            s = m / (qlo - 0.1 * (k + 11))
-        elif k < 21:  # ... or near the short (qhi) end
-            s = m / (qhi + 0.1 * (k - 10))
-        elif k == 21:  # then Lloyd steps from the best
+            s = m / (qlo - SYM_STEP * (k + 6))
+        elif k < 11:  # ... or near the short (qhi) end
+            s = m / (qhi + SYM_STEP * (k - 5))
+        elif k == 11:  # then Lloyd steps from the best
             s = bs
         if s == 0.0:
             break
         sxl = 0.0
         sl2 = 0.0
+        inv = 1.0 / s
         for i in range(n):
-            q = min(max(np.rint(x[i] / s), qlo), qhi)
+            q = min(max(np.rint(x[i] * inv), qlo), qhi)
             Lt[i] = q
             sxl += w[i] * x[i] * q
             sl2 += w[i] * q * q
@@ -362,7 +365,7 @@ def _fit_symmetric(x, w, qlo, qhi, L, Lt):
             best = score
             bs = sxl / sl2
             L[:] = Lt
-        elif k > 21:
+        elif k > 11:
             break
         s = sxl / sl2
     return bs
@@ -373,10 +376,9 @@ def _symmetric_err(x, w, sub, qlo, qhi, d, c, L):
     err = 0.0
     for j in range(c.shape[0]):
         s = np.float32(d) * np.float32(c[j])
+        inv = 1.0 / s if s != 0.0 else 0.0
         for i in range(j * sub, (j + 1) * sub):
-            q = 0.0
-            if s != 0.0:
-                q = min(max(np.rint(x[i] / s), qlo), qhi)
+            q = min(max(np.rint(x[i] * inv), qlo), qhi)
             L[i] = q
             r = s * q - x[i]
             err += w[i] * r * r
@@ -420,7 +422,7 @@ def _encode_symmetric(X, W, sub, qlo, qhi, slo, shi):
             d, best = 0.0, e0
             c[:] = 0
             L[:] = 0
-        for it in range(12):  # coordinate descent on the reconstruction error
+        for it in range(DESCENT_STEPS):  # coordinate descent on the reconstruction error
             if d == 0.0:
                 break
             improved = False
