@@ -27,6 +27,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION
+from runtime import gguf_checks
 from runtime.accounting import ByteCounter
 from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
 
@@ -107,6 +108,7 @@ class Model:
             v = store.field(f"{arch}.{key}")
             return default if v is None else v
 
+        gguf_checks.check_hparams(store, arch, self.path)  # a lying file: one sentence, exit 4
         declared = store.field("aios.ffn_activation")
         n_heads = int(f("attention.head_count"))
         d_model = int(f("embedding_length"))
@@ -131,6 +133,8 @@ class Model:
                 f"--mode {mode} needs a ReLU-family activation; this model runs '{self.hp.activation}', "
                 "which never produces exact zeros. Relufy it first (aios-convert relufy)."
             )
+        gguf_checks.check_cache(self.hp, self.path, n_ctx is not None)
+        gguf_checks.check_tensors(t, self.hp, self.path)
         self.tok_embd = from_gguf_tensor(t["token_embd.weight"])
         self.output = from_gguf_tensor(t["output.weight"]) if "output.weight" in t else self.tok_embd
         self.output_norm = vector(t["output_norm.weight"])
@@ -165,6 +169,7 @@ class Model:
                 L[key] = vector(x)
         for hook in LAYER_HOOKS:  # extension formats turn their tensors into composite operators
             hook(self, t, i, L)
+        gguf_checks.check_layer(self.hp, i, L, self.path)
         if self.mode != "dense":
             L["ffn_down.T"] = transpose(L["ffn_down.weight"])
         if self.mode == "map":

@@ -1,0 +1,139 @@
+"""Structural checks of a GGUF before the runtime trusts it: keys, tensor shapes, cache size.
+
+The bounds pass (``aios.models.gguf_bounds``) guarantees that every declared tensor lies
+inside the file; this module checks that the file is a model the forward pass can run, the
+way llama.cpp's loader does ("tensor has wrong shape; expected ..."): every hyperparameter
+the runtime reads is a positive integer (or a number), heads divide the model width, the
+standard tensors have the shapes those hyperparameters imply, every layer ends up with the
+operators the forward pass calls (after extension hooks such as low-rank or alias), and the
+KV cache the context length implies fits in memory. A file that lies gets one sentence
+(exit 4) instead of a KeyError, a reshape error or a multi-terabyte allocation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from aios.errors import InvalidModelError, UsageError
+
+INT_KEYS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length")
+OPTIONAL_INT_KEYS = ("attention.head_count_kv", "context_length", "rope.dimension_count")
+FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon")
+MAX_LAYERS = 4096
+
+
+def check_hparams(store, arch: str, path: Path) -> None:
+    """Every key the runtime reads has a usable value (before any of them is converted)."""
+    def bad(key: str, v, want: str) -> InvalidModelError:
+        return InvalidModelError(f"{path}: '{arch}.{key}' is {v!r}; the runtime needs {want}.")
+
+    vals = {}
+    for key in INT_KEYS + OPTIONAL_INT_KEYS:
+        v = store.field(f"{arch}.{key}")
+        if v is None and key in OPTIONAL_INT_KEYS:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise bad(key, v, "a positive integer")
+        vals[key] = v
+    for key in FLOAT_KEYS:
+        v = store.field(f"{arch}.{key}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)):
+            raise bad(key, v, "a finite number")
+    t = store.field("aios.ffn_activation_threshold")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t)):
+        raise InvalidModelError(f"{path}: 'aios.ffn_activation_threshold' is {t!r}, not a number.")
+    a = store.field("aios.ffn_activation")
+    if a is not None and not isinstance(a, str):
+        raise InvalidModelError(f"{path}: 'aios.ffn_activation' is {a!r}, not a string.")
+    d, h = vals["embedding_length"], vals["attention.head_count"]
+    kv = vals.get("attention.head_count_kv", h)
+    if vals["block_count"] > MAX_LAYERS or d % h or h % kv:
+        raise InvalidModelError(
+            f"{path}: inconsistent hyperparameters ({vals['block_count']} layers, width {d}, "
+            f"{h} heads, {kv} KV heads): heads must divide the width and KV heads the heads.")
+    if vals.get("rope.dimension_count", d // h) > d // h:
+        raise bad("rope.dimension_count", vals["rope.dimension_count"], f"at most the head size {d // h}")
+
+
+def check_cache(hp, path: Path, n_ctx_given: bool, available: int | None = None) -> None:
+    """The KV cache (allocated at load) must fit in memory: refuse a context that cannot."""
+    from aios.models.handle import _mem_available
+
+    need = 2 * hp.n_layers * hp.n_ctx * hp.n_kv * hp.head_dim * 4
+    avail = available if available is not None else _mem_available()
+    if need > 0.8 * avail:
+        msg = (f"A context of {hp.n_ctx:,} tokens needs a {need / 2**30:,.1f} GiB KV cache, more than "
+               f"the {avail / 2**30:,.1f} GiB available; pass a smaller --ctx")
+        if n_ctx_given:
+            raise UsageError(msg + ".")
+        raise InvalidModelError(f"{path}: {msg} (the file declares this context length).")
+
+
+def _expected(hp) -> dict[str, tuple[int, ...]]:
+    """Per-layer tensor -> numpy shape (n_out, n_in) or (n,) implied by the hyperparameters."""
+    d, f, hd = hp.d_model, hp.d_ffn, hp.head_dim
+    q, kv = hp.n_heads * hd, hp.n_kv * hd
+    shapes = {"attn_norm.weight": (d,), "attn_norm.bias": (d,), "attn_output.weight": (d, q),
+              "ffn_up.weight": (f, d), "ffn_down.weight": (d, f), "ffn_active": (f,),
+              "ffn_up.bias": (f,), "ffn_down.bias": (d,), "attn_output.bias": (d,)}
+    if hp.arch == "falcon":
+        shapes.update({"attn_qkv.weight": (q + 2 * kv, d), "attn_qkv.bias": (q + 2 * kv,)})
+    else:
+        shapes.update({"attn_q.weight": (q, d), "attn_k.weight": (kv, d), "attn_v.weight": (kv, d),
+                       "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
+                       "ffn_norm.weight": (d,), "ffn_gate.weight": (f, d)})
+    return shapes
+
+
+def _required(hp) -> tuple[str, ...]:
+    if hp.arch == "falcon":
+        return ("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight")
+    return ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+            "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+
+def _numpy_shape(x) -> tuple[int, ...]:
+    """A gguf ReaderTensor's shape in numpy order, with trailing unit dimensions dropped."""
+    dims = [int(v) for v in x.shape]
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    return tuple(reversed(dims))
+
+
+def check_tensors(tensors: dict, hp, path: Path) -> None:
+    """Global tensors present with the right shapes; stored per-layer tensors match ``hp``."""
+    for name in ("token_embd.weight", "output_norm.weight"):
+        if name not in tensors:
+            raise InvalidModelError(f"{path} has no '{name}' tensor; it is not a complete {hp.arch} model.")
+    want = {"output_norm.weight": (hp.d_model,), "output_norm.bias": (hp.d_model,)}
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors:
+            s = _numpy_shape(tensors[name])
+            if len(s) != 2 or s[1] != hp.d_model:
+                raise InvalidModelError(f"{path}: '{name}' has shape {list(s)}; expected [vocab, {hp.d_model}].")
+    layer = _expected(hp)
+    for name, x in tensors.items():
+        shape = want.get(name)
+        if shape is None and name.startswith("blk."):
+            shape = layer.get(name.split(".", 2)[2])
+        if shape is not None and _numpy_shape(x) != shape:
+            raise InvalidModelError(f"{path}: tensor '{name}' has shape {list(_numpy_shape(x))}; the "
+                                    f"hyperparameters imply {list(shape)}.")
+
+
+def check_layer(hp, i: int, L: dict, path: Path) -> None:
+    """After extension hooks: every operator the forward pass calls exists with the right shape."""
+    layer = _expected(hp)
+    for key in _required(hp):
+        if key not in L:
+            raise InvalidModelError(f"{path}: layer {i} has no '{key}' (tensor 'blk.{i}.{key}' or an "
+                                    "extension that provides it).")
+    for key, op in L.items():
+        shape = layer.get(key)
+        if shape is None:
+            continue
+        got = (op.n_out, op.n_in) if hasattr(op, "n_out") else tuple(np.shape(op))
+        if got != shape:
+            raise InvalidModelError(f"{path}: 'blk.{i}.{key}' has shape {list(got)}; expected {list(shape)}.")
