@@ -31,6 +31,13 @@ class AiosGroup(click.Group):
         except AiosError as e:
             err_console.print(f"[bold red]error:[/] {e.message}", soft_wrap=True)
             sys.exit(int(e.exit_code))
+        except OSError as e:  # a writer other than write_atomic (e.g. gguf-py's) hit a full disk
+            from aios.io import disk_full_message, is_disk_full
+
+            if not is_disk_full(e):
+                raise
+            err_console.print(f"[bold red]error:[/] {disk_full_message(e.filename, e)}", soft_wrap=True)
+            sys.exit(int(ExitCode.NOT_EVALUATED))
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]: nothing was written under the final name.")
             sys.exit(130)

@@ -1,10 +1,45 @@
-"""Atomic file writes: temp file in the destination folder, fsync, rename (DESIGN §6)."""
+"""Atomic file writes: temp file in the destination folder, fsync, rename (DESIGN §6).
+
+Temp names come from ``mkstemp`` (unique per writer), so two processes writing the same
+output at once never share a temp file: each renames its own complete file into place and
+the last rename wins. A full disk (or quota, or file-size limit) becomes one
+:class:`DiskFullError` sentence; the temp file is removed and the final name is untouched.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import tempfile
 from pathlib import Path
+
+from aios.errors import AiosError, ExitCode
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class DiskFullError(AiosError):
+    """No room to write an output (exit 3: the result could not be produced)."""
+
+    exit_code = ExitCode.NOT_EVALUATED
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC/EDQUOT/EFBIG, or numpy's ``tofile`` short write ("N requested and M written"),
+    which is how a full disk surfaces through numpy (and so gguf-py): an OSError without errno."""
+    if not isinstance(e, OSError):
+        return False
+    short_write = e.errno is None and re.search(r"\d+ requested and \d+ written", str(e)) is not None
+    return e.errno in DISK_FULL_ERRNOS or short_write
+
+
+def disk_full_message(where: str | os.PathLike | None, e: OSError) -> str:
+    what = {errno.EDQUOT: "the disk quota is exhausted", errno.EFBIG: "the file size limit was reached"}.get(
+        e.errno, "no space is left on the device")
+    place = f" while writing {where}" if where else ""
+    return (f"Could not finish{place}: {what}; nothing was written under the final name. "
+            "Free space (or choose another output folder) and rerun.")
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
@@ -21,8 +56,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if is_disk_full(e):
+            raise DiskFullError(disk_full_message(path, e)) from None
         raise
     return path

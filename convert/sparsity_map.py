@@ -121,8 +121,12 @@ def write_sparsity_map(path: str | Path, keep: np.ndarray, header: dict[str, Any
         for i, row in enumerate(keep):
             z.writestr(zipfile.ZipInfo(f"layer_{i}.npy", (1980, 1, 1, 0, 0, 0)), _npy(row))
         z.writestr(zipfile.ZipInfo("header.npy", (1980, 1, 1, 0, 0, 0)), _npy(np.array(text)))
-    write_atomic(path.with_suffix(".json"), text)
     write_atomic(path, buf.getvalue())
+    try:
+        write_atomic(path.with_suffix(".json"), text)
+    except BaseException:  # Ctrl-C / full disk: the pair is the output, so no map without its header
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 
