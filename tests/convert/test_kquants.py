@@ -86,6 +86,14 @@ def test_property_roundtrip_bounded_deterministic(x, t):
         assert rel <= {"q2_k": 0.6, "q3_k": 0.35, "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.06}[t]
 
 
+def test_rows_encode_independently():
+    """Chunked export relies on it: a row's bytes do not depend on the other rows (or threads)."""
+    x = np.random.default_rng(5).standard_normal((300, 512)).astype(np.float32)
+    for t in ("q2_k", "q6_k"):
+        whole = kq.quantize(x, t)
+        assert np.array_equal(np.concatenate([kq.quantize(x[:7], t), kq.quantize(x[7:], t)]), whole)
+
+
 def test_imatrix_weights_the_error():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((32, 512)).astype(np.float32)
