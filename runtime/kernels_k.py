@@ -103,7 +103,8 @@ def mm_q6_k(W, lut, X, rows, Y):  # W (n, k/256·210) uint8
                                 sc -= 256
                             s = np.float32(0.0)
                             for l in range(16 * half, 16 * half + 16):
-                                q = np.int32((W[i, p0 + l] >> sft) & 15) | (np.int32((W[i, h0 + l] >> (2 * g)) & 3) << 4)
+                                lo = np.int32((W[i, p0 + l] >> sft) & 15)
+                                q = lo | (np.int32((W[i, h0 + l] >> (2 * g)) & 3) << 4)
                                 s += np.float32(q - 32) * X[t, x0 + l]
                             acc += d * np.float32(sc) * s
             Y[t, i] = acc

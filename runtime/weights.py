@@ -152,7 +152,8 @@ def from_gguf_tensor(t) -> Matrix:
     if kind in ("F16", "BF16"):
         return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint16).reshape(n_out, n_in))
     if kind in KQUANT_TYPES:  # row_bytes = the stored bytes per row, scales included
-        return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint8).reshape(n_out, n_in // KK.QK_K * KK.BLOCK_BYTES[kind]))
+        row = n_in // KK.QK_K * KK.BLOCK_BYTES[kind]
+        return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint8).reshape(n_out, row))
     blk = 34 if kind == "Q8_0" else 18
     nb = n_in // K.QK
     blocks = raw.reshape(n_out, nb, blk)
