@@ -195,3 +195,61 @@ def alias_command(model: str, out: str, zones: str, delta: str, canonical: str, 
                           budget_ppl=budget_ppl)
         result = alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
     render_alias(result)
+
+
+# --- low-rank + quantized residual (issue 8) ------------------------------------------------
+
+
+def _parse_rank(value: str | None) -> int | str | None:
+    from aios.errors import UsageError
+
+    if value is None or value == "full":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--rank must be a positive integer or 'full', not '{value}'.") from None
+
+
+@main.command("svd-residual")
+@click.argument("model")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .gguf file.")
+@click.option("--rank", default=None, help="Rank per matrix (an integer, or 'full').")
+@click.option("--energy", type=float, default=None,
+              help="Smallest rank keeping this share of Σσ² per matrix (default 0.95 when no rule is given).")
+@click.option("--bpw", type=float, default=None, help="Largest rank whose U, V and residual fit these bits per weight.")
+@click.option("--method", type=click.Choice(["plain", "activation-aware"]), default="activation-aware",
+              show_default=True, help="activation-aware whitens by calibration XᵀX before the SVD.")
+@click.option("--residual", type=click.Choice(["q8_0", "q4_0", "q4_k", "q2_k", "q6_k", "f16", "none"]),
+              default="q4_0", show_default=True, help="Type of the quantized residual E = W − U·V.")
+@click.option("--factor-type", type=click.Choice(["f16", "f32", "q8_0"]), default="f16", show_default=True,
+              help="Type of lr_u and lr_v.")
+@click.option("--outtype", type=click.Choice(["f32", "f16", "q8_0", "q4_0"]), default="f16", show_default=True,
+              help="Type of the tensors left plain (embeddings, output head).")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="JSONL/TXT calibration texts (default: the bundled set).")
+@click.option("--samples", type=click.IntRange(min=1), default=None, help="Use the first N calibration texts.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the randomized SVD.")
+@click.option("--eval-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="Held-out tokens per text set for the measured perplexity (0: skip running the file).")
+def svd_residual_command(model: str, output: str, rank: str | None, calibration: str | None, eval_tokens: int,
+                         **options) -> None:
+    """Factorize MODEL's block matrices as W ≈ U·V + Q(E) into a GGUF for aios-run."""
+    from dataclasses import replace
+
+    from aios.cli_common import err_console
+    from convert.svd_residual import SvdResidualConfig, svd_residual
+    from convert.svd_residual_cli import render, write_report
+
+    cfg = replace(SvdResidualConfig(), rank=_parse_rank(rank),
+                  calibration=calibration and click.format_filename(calibration).split("/")[-1], **options)
+    result = svd_residual(model, output, cfg, calibration=calibration,
+                          progress=lambda message: err_console.print(f"[dim]{message}[/]"))
+    if eval_tokens:
+        from runtime.lowrank import evaluate_gguf
+
+        err_console.print(f"[dim]running {output} in aios-run for perplexity and MB/token[/]")
+        result.measured = evaluate_gguf(result.output, eval_tokens=eval_tokens)
+    write_report(result)
+    render(result)
