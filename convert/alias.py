@@ -325,6 +325,9 @@ def alias(model: str | ModelHandle, out: str | Path, cfg: AliasConfig, *, outtyp
     report = {"command": "aios-convert alias", "mode": "post-hoc", "config": asdict(cfg),
               "heldout": heldout.describe(), "source_heldout_perplexity": round(base_ppl, 4),
               "heldout_perplexity": round(ppl, 4), "perplexity_delta": round(ppl - base_ppl, 4),
+              "zone_thresholds": {str(i): cfg.min_cosine if cfg.min_cosine is not None
+                                  else zone_threshold(i, handle.facts.n_layers)
+                                  for i in zone_layers(cfg.zones, handle.facts.n_layers, handle.facts.core_zone)},
               "analysis": [_analysis_json(a) for a in analysis]}
     return finish(handle, out, built, report, outtype=outtype, gguf=gguf, dealias=dealias, config=cfg)
 

@@ -213,6 +213,8 @@ def alias_metadata(groups: list[af.Group], report: dict) -> dict[str, object]:
     }
     if cfg:
         meta["aios.alias.config"] = json.dumps(cfg, sort_keys=True)
+    if "zone_thresholds" in report:
+        meta["aios.alias.zone_thresholds"] = json.dumps(report["zone_thresholds"], sort_keys=True)
     for key in ("source_heldout_perplexity", "heldout_perplexity", "perplexity_delta"):
         if key in report:
             meta[f"aios.alias.{key}"] = float(report[key])

@@ -174,6 +174,7 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
               "heldout": ev.pydoc_split(tok, "heldout").describe(), "train_tokens": int(len(train_ids)),
               "source_heldout_perplexity": round(base_ppl, 4), "reparameterized_heldout_perplexity": round(init_ppl, 4),
               "heldout_perplexity": round(ppl, 4), "perplexity_delta": round(ppl - base_ppl, 4),
+              "zone_thresholds": "not applied: trained aliasing imposes the structure on the chosen layers",
               "training_log": log, "train_seconds": round(time.perf_counter() - t0, 1)}
     A.write_folder(handle, out, built, report, state=state)
     return A.finish_exports(out, report, post, outtype=outtype, gguf=gguf, dealias=dealias)
