@@ -234,7 +234,15 @@ def _svd(M: np.ndarray, r: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.n
 
 def compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None = None) -> Compressed:
     """Factorize W (n_out, n_in) into stored U, V and residual per ``cfg`` (see module doc)."""
-    W = np.asarray(W, dtype=np.float64)
+    from threadpoolctl import threadpool_limits
+
+    # small matrices: one BLAS thread (threaded LAPACK on tiny panels is several times slower,
+    # worse on shared cores); large ones keep the library default
+    with threadpool_limits(1 if np.size(W) <= 1 << 22 else None):
+        return _compress(np.asarray(W, dtype=np.float64), cfg, gram)
+
+
+def _compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None) -> Compressed:
     m, n = W.shape
     rtype, layout, r_why = residual_layout(m, n, cfg.residual)
     r_bytes = 0 if rtype == "none" else nbytes_of(m * n, rtype)
@@ -425,18 +433,13 @@ def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualC
 
 def _compress_all(handle, targets, grams, cfg, scratch: Path, progress):
     """Factorize each target; encoded arrays go to ``scratch`` (so memory stays ~one tensor)."""
-    from threadpoolctl import threadpool_limits
-
     from convert.gguf_export import _source_rows
 
     rows: list[TensorRow] = []
     entries: dict[str, list[tuple[str, str, tuple[int, ...], Path]]] = {}
     for k, p in enumerate(targets):
         W = _source_rows(handle, p, {})(0, p.shape[0])  # laid out as llama.cpp stores it
-        # small matrices: one BLAS thread (threaded LAPACK on tiny panels is slower, and
-        # several engineers share the cores); large ones keep the library default
-        with threadpool_limits(1 if W.size <= 1 << 22 else None):
-            c = compress(W, cfg, grams.get(p.source))
+        c = compress(W, cfg, grams.get(p.source))
         base = p.name.removesuffix(".weight")
         entries[p.name] = []
         for suffix, (arr, t, shape) in c.tensors.items():
