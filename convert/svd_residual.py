@@ -404,9 +404,13 @@ def is_factorized(p) -> bool:
 
 
 def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualConfig, *,
-                 calibration: str | None = None, progress: Callable[[str], None] | None = None) -> SvdResidualResult:
-    """Convert ``model`` to a low-rank + residual GGUF at ``output`` (written atomically)."""
-    from aios.data import load_texts, texts_sha256
+                 calibration: str | None = None, progress: Callable[[str], None] | None = None,
+                 grams: tuple[dict[str, np.ndarray], dict] | None = None) -> SvdResidualResult:
+    """Convert ``model`` to a low-rank + residual GGUF at ``output`` (written atomically).
+
+    ``grams``: (XᵀX per source tensor, calibration description) from an earlier
+    :func:`calibrate` of the same model and texts, so a sweep calibrates once.
+    """
     from convert.gguf_export import _check_exportable, plan_tensors
 
     cfg = validate(cfg)
@@ -417,18 +421,31 @@ def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualC
     _check_exportable(handle)
     plan = plan_tensors(handle, cfg.outtype, {})
     targets = [p for p in plan if is_factorized(p)]
-    grams: dict[str, np.ndarray] = {}
+    gram_by_source: dict[str, np.ndarray] = {}
     calib = None
     if cfg.method == "activation-aware":
-        texts = load_texts(calibration, cfg.samples)
-        grams, n_tok = collect_grams(handle, [p.source for p in targets], texts, cfg.max_tokens, progress)
-        calib = {"source": Path(calibration).name if calibration else "aios/data/calibration.jsonl",
-                 "texts": len(texts), "tokens": n_tok, "texts_sha256": texts_sha256(texts)}
+        gram_by_source, calib = grams if grams is not None else calibrate(handle, cfg, calibration, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as scratch:
-        rows, entries = _compress_all(handle, targets, grams, cfg, Path(scratch), progress)
+        rows, entries = _compress_all(handle, targets, gram_by_source, cfg, Path(scratch), progress)
         result = _write(handle, out, plan, entries, rows, cfg, calib)
     return result
+
+
+def calibrate(model: str | ModelHandle, cfg: SvdResidualConfig, calibration: str | None = None,
+              progress: Callable[[str], None] | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """XᵀX of every factorized matrix's input on the calibration texts, and their description."""
+    from aios.data import load_texts, texts_sha256
+    from convert.gguf_export import _check_exportable, plan_tensors
+
+    handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    _check_exportable(handle)
+    texts = load_texts(calibration, cfg.samples)
+    sources = [p.source for p in plan_tensors(handle, cfg.outtype, {}) if is_factorized(p)]
+    grams, n_tok = collect_grams(handle, sources, texts, cfg.max_tokens, progress)
+    return grams, {"source": Path(calibration).name if calibration else "aios/data/calibration.jsonl",
+                   "texts": len(texts), "tokens": n_tok, "max_tokens": cfg.max_tokens,
+                   "texts_sha256": texts_sha256(texts)}
 
 
 def _compress_all(handle, targets, grams, cfg, scratch: Path, progress):
