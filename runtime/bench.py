@@ -37,6 +37,8 @@ class BenchRow:
     ffn_density: float | None  # nonzero FFN activations / all, during decode
     predictor_fnr: float | None = None  # predict mode, decode: firing neurons predicted silent / firing
     predicted_density: float | None = None  # predict mode, decode: up/gate rows computed / all
+    heldout_perplexity: float | None = None  # measured by running the file (--perplexity-tokens)
+    perplexity_ratio_vs_baseline: float | None = None
     cachegrind_mb_per_token: float | None = None  # simulated: LL misses × line size, decode slope
     cachegrind_kernel_mb_per_token: float | None = None  # the part missed in JIT kernel code (weight reads)
     cachegrind_reduction_vs_baseline: float | None = None  # total simulated vs total software
@@ -115,7 +117,7 @@ def _cachegrind_rows(rows: list[BenchRow], predictor: str | None, ll_bytes: int 
 def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
           chunk: int = 64, tokenizer: str | None = None, project: bool = True,
           predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
-          cachegrind_tokens: tuple[int, int] = (2, 6), progress=None) -> dict:
+          cachegrind_tokens: tuple[int, int] = (2, 6), perplexity_tokens: int = 0, progress=None) -> dict:
     modes = modes or ["dense"]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -152,6 +154,12 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
                 ffn_density=round(density, 6),
                 **_prediction_stats(model),
             ))
+            if perplexity_tokens:
+                from runtime.perplexity import heldout_ids, perplexity
+
+                # lossy modes token by token, as decoding runs them (a chunk would union the rows)
+                ppl = perplexity(model, heldout_ids(tok, perplexity_tokens), per_token=mode in LOSSY_MODES)
+                rows[-1].heldout_perplexity = round(ppl["perplexity"], 4)
     if not rows:
         raise UsageError("Nothing to run: every (file, mode) pair was skipped.")
     cg_settings = None
@@ -160,6 +168,8 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
     base = rows[0]
     context = base.prompt_tokens + n // 2
     for r in rows[1:]:
+        if r.heldout_perplexity and base.heldout_perplexity:
+            r.perplexity_ratio_vs_baseline = round(r.heldout_perplexity / base.heldout_perplexity, 4)
         r.reduction_vs_baseline = round(1 - r.decode_mb_per_token_total / base.decode_mb_per_token_total, 6)
         if project:
             proj, note = _projection(Path(r.file), context)
@@ -186,7 +196,8 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         "tool": "aios-run bench",
         "tool_version": __version__,
         "evidence": "measured (software byte counter: bytes the runtime's kernels read)",
-        "settings": {"prompt_tokens": prompt_tokens, "new_tokens": n, "chunk": chunk, "modes": modes},
+        "settings": {"prompt_tokens": prompt_tokens, "new_tokens": n, "chunk": chunk, "modes": modes,
+                     "perplexity_tokens": perplexity_tokens},
         "baseline": {"file": base.file, "mode": base.mode},
         "rows": [asdict(r) for r in rows],
         "skipped": skipped,
@@ -217,6 +228,13 @@ def to_markdown(result: dict) -> str:
             f"| {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
             f"| {'—' if r['measured_over_projected'] is None else r['measured_over_projected']} |"
         )
+    if any(r.get("heldout_perplexity") for r in result["rows"]):
+        lines += ["", f"Held-out perplexity, measured by running each file on the first "
+                  f"{result['settings']['perplexity_tokens']} held-out tokens (lossy modes token by token):", ""]
+        for r in result["rows"]:
+            ratio = r.get("perplexity_ratio_vs_baseline")
+            lines.append(f"- `{Path(r['file']).name}` [{r['mode']}{' (lossy)' if r['lossy'] else ''}]: "
+                         f"{r['heldout_perplexity']}" + ("" if ratio is None else f" ({ratio}x the baseline)"))
     for r in result["rows"]:
         if r.get("predictor_fnr") is not None:
             lines.append(f"\nPredictor on `{Path(r['file']).name}`: measured false-negative rate "

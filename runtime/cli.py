@@ -94,6 +94,8 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
 @click.option("--no-project", is_flag=True, help="Skip the checker's projection (faster).")
 @click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
+@click.option("--perplexity-tokens", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also measure held-out perplexity over this many tokens per run (lossy modes token by token).")
 @click.option("--cachegrind", is_flag=True,
               help="Also estimate DRAM MB/token with valgrind cachegrind (LL misses x line size; minutes per run).")
 @click.option("--ll-size", default=None, help="Simulated last-level cache for --cachegrind, e.g. 32MiB, 1MiB "
@@ -101,23 +103,27 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--cachegrind-tokens", default="2,6", show_default=True,
               help="The two decode lengths whose difference gives the per-token slope.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
-def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, cachegrind, ll_size,
-          cachegrind_tokens, out_dir) -> None:
+def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
+          cachegrind, ll_size, cachegrind_tokens, out_dir) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench, write_bench
 
     res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
                     project=not no_project, predictor=predictor, cachegrind=cachegrind,
+                    perplexity_tokens=perplexity_tokens,
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens))
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
-    for col in ("file", "mode", "decode tok/s", "MB/token", "FFN density", "measured red.", "projected red.", "meas/proj"):
+    ppl = perplexity_tokens > 0
+    for col in ("file", "mode", "decode tok/s", "MB/token", "FFN density", "measured red.", "projected red.",
+                "meas/proj") + (("held-out ppl",) if ppl else ()):
         t.add_column(col)
     for r in res["rows"]:
         pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
         t.add_row(Path(r["file"]).name, r["mode"] + (" (lossy)" if r["lossy"] else ""), f"{r['decode_tokens_per_s']:.1f}",
                   f"{r['decode_mb_per_token_total']:.4f}", pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
-                  pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"))
+                  pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"),
+                  *((f"{r['heldout_perplexity']:.3f}",) if ppl else ()))
     console.print(t)
     if res.get("cachegrind"):
         for r in res["rows"]:

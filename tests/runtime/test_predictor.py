@@ -105,11 +105,13 @@ def test_cli_fit_then_bench_labels_lossy(relu_gguf, tmp_path):
     assert pf.exists() and "false-negative rate" in r.stdout
     out = tmp_path / "b"
     r = CliRunner().invoke(main, ["bench", str(relu_gguf), "--modes", "sparse,predict", "--predictor", str(pf),
-                                  "--prompt-tokens", "16", "-n", "4", "--no-project", "-o", str(out)])
+                                  "--prompt-tokens", "16", "-n", "4", "--no-project", "--perplexity-tokens", "130",
+                                  "-o", str(out)])
     assert r.exit_code == 0, r.output
     rows = json.loads((out / "aios-bench.json").read_text())["rows"]
     pr = rows[1]
     assert pr["mode"] == "predict" and pr["lossy"] and 0 <= pr["predictor_fnr"] < 1  # accuracy: first test
     assert pr["decode_mb_per_token"]["weights"] < rows[0]["decode_mb_per_token"]["weights"]
+    assert rows[0]["heldout_perplexity"] > 1 and pr["perplexity_ratio_vs_baseline"] > 0.5
     md = (out / "aios-bench.md").read_text()
-    assert "(lossy)" in md and "false-negative rate" in md
+    assert "(lossy)" in md and "false-negative rate" in md and "Held-out perplexity" in md
