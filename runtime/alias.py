@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aios.errors import InvalidModelError
 from aios.models import alias_format as af
 from runtime.weights import Matrix, from_gguf_tensor
 
@@ -71,6 +72,12 @@ def _groups(model) -> list[af.Group]:
         f = model.reader.get_field(af.GGUF_GROUPS_KEY)
         model._alias_groups = af.loads(f.contents(), str(model.path)) if f is not None else []
         model._alias_canonical = {}
+        names = {t.name for t in model.reader.tensors}
+        for g in model._alias_groups:  # a hostile record naming absent tensors: one sentence, exit 4
+            for n in (g.canonical, *(t for m in g.members for t in m.tensors)):
+                if n not in names:
+                    raise InvalidModelError(f"{model.path}: an alias record names tensor '{n}', "
+                                            "which the file does not have.")
     return model._alias_groups
 
 

@@ -100,7 +100,7 @@ def loads(text: str, where: str) -> list[Group]:
             groups.append(Group(str(g["type"]), str(g["canonical"]), tuple(members),
                                 str(g.get("canonical_init", "mean"))))
         return groups
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: hostile nesting
         raise InvalidModelError(f"{where} has an invalid alias record ({e}); re-run aios-convert alias.") from e
 
 

@@ -375,3 +375,46 @@ def hostile_gguf(seed: bytes, corruption: str) -> bytes:
     elif corruption == "no-keys":
         struct.pack_into("<Q", buf, 16, 0)
     return bytes(buf)
+
+
+# --- alias metadata (aios.alias.groups) through the runtime -------------------------------------
+
+_NAMES = ["blk.0.ffn_up.weight", "blk.1.ffn_up.weight", "blk.0.attn_norm.weight", "output_norm.weight",
+          "token_embd.weight", "nope", ""]
+member = st.fixed_dictionaries({
+    "layer": st.sampled_from([0, 1, 2, -1, 2**40, "0", None]),
+    "weight": st.sampled_from(_NAMES + ["x"]),
+    "delta": st.fixed_dictionaries({"encoding": st.sampled_from(["none", "dense", "lowrank", "q8_0", "zip"]),
+                                    "tensors": st.lists(st.sampled_from(_NAMES), max_size=2)}) | json_values,
+})
+group = st.fixed_dictionaries({"type": st.text(max_size=5), "canonical": st.sampled_from(_NAMES),
+                               "members": st.lists(member, max_size=3) | json_values})
+
+
+@pytest.fixture(scope="module")
+def plain_reader(tmp_path_factory):
+    import gguf
+
+    from tests.conftest import write_gguf
+
+    return gguf.GGUFReader(str(write_gguf(tmp_path_factory.mktemp("al") / "p.gguf", activation="relu")))
+
+
+@settings(**SETTINGS)
+@given(st.lists(group, max_size=3).map(json.dumps) | json_values.map(json.dumps) | st.text(max_size=40))
+def test_alias_groups_metadata(tmp_path, plain_reader, groups_text):
+    import gguf
+
+    p = tmp_path / "alias.gguf"
+    w = gguf.GGUFWriter(str(p), "falcon")
+    for key, f in plain_reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, f.contents(), gguf.GGUFValueType(f.types[0]))
+    w.add_string("aios.alias.groups", groups_text)
+    for t in plain_reader.tensors:
+        w.add_tensor(t.name, np.array(t.data).reshape(tuple(reversed(t.shape.tolist()))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    run_everything_on(p)
