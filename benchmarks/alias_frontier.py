@@ -42,11 +42,11 @@ POST_HOC = [  # (zones, delta, min_cosine)
     ("all", "none", 0.0), ("all", "lowrank:4", 0.0), ("all", "lowrank:16", 0.0), ("all", "lowrank:32", 0.0),
     ("all", "q8_0", 0.0),
 ]
-TRAINED = [  # (zones, delta, lam, types)
-    ("all", "lowrank:8", 1e-2, None),
+TRAINED = [  # (zones, delta, lam, types); steps, batch, lr, projection radius: AliasTrainConfig defaults
+    ("all", "lowrank:8", 1e-2, None),  # the default `aios-convert alias --train`
+    ("all", "lowrank:8", 0.0, None),  # projection radius only, no penalty
     ("all", "lowrank:8", 1e-1, None),
     ("1-4", "lowrank:4", 1e-2, None),
-    ("1-5", "lowrank:4", 1e-2, None),
     ("all", "lowrank:8", 0.0, ()),  # independent weights, same fine-tune: the training effect alone
 ]
 
@@ -132,7 +132,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--out", default="bench-alias")
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=AliasTrainConfig().steps)
     ap.add_argument("--only", choices=["tiny-falcon", "tiny-llama"], default=None)
     ap.add_argument("--no-train", action="store_true")
     args = ap.parse_args()
@@ -146,11 +146,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="alias-frontier-") as tmp:
         for fixture in [args.only] if args.only else ["tiny-falcon", "tiny-llama"]:
             rows += run(fixture, Path(tmp), args.steps, not args.no_train)
-    (out / "frontier.json").write_text(json.dumps({"rows": rows, "steps": args.steps}, indent=1) + "\n")
-    (out / "frontier.md").write_text(markdown(rows))
-    plot(rows, out / "frontier.png")
+    stem = f"frontier-{args.only}" if args.only else "frontier"
+    (out / f"{stem}.json").write_text(json.dumps({"rows": rows, "steps": args.steps}, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown(rows))
+    plot(rows, out / f"{stem}.png")
     print(markdown(rows))
-    print(f"wrote {out / 'frontier.json'}, {out / 'frontier.md'}, {out / 'frontier.png'}")
+    print(f"wrote {out / stem}.json, .md and .png")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,9 @@ class AliasTrainConfig:
     zones: str = "all"
     delta: str = "lowrank:8"
     types: tuple[str, ...] | None = None
-    steps: int = 150
+    steps: int = 400
     lr: float = 1e-3
-    batch: int = 8
+    batch: int = 16
     seq_len: int = 128
     lam: float = 1e-2  # final λ of λ Σ‖δ_i‖²
     lam_ramp: float = 0.3  # fraction of the steps over which λ rises from 0

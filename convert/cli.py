@@ -147,8 +147,9 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
 @click.argument("model")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
               help="Output HF folder (canonical + deltas, aios_alias.json report); must not exist.")
-@click.option("--zones", default="core", show_default=True,
-              help="Layers sharing one canonical per matrix type: core, all, or a range A-B.")
+@click.option("--zones", default=None,
+              help="Layers sharing one canonical per matrix type: core, all, or a range A-B "
+                   "[default: core; all with --train].")
 @click.option("--delta", default="lowrank:8", show_default=True, help="Delta encoding: dense, lowrank:R, q8_0 or none.")
 @click.option("--canonical", type=click.Choice(["mean", "medoid"]), default="mean", show_default=True)
 @click.option("--types", default=None, help="Comma-separated matrix types to alias (e.g. q_proj,k_proj); default all shareable.")
@@ -165,7 +166,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
 @click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0"]), default="f32", show_default=True,
               help="Type of the GGUF outputs' 2-D weights.")
-def alias_command(model: str, out: str, zones: str, delta: str, canonical: str, types: str | None,
+def alias_command(model: str, out: str, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
                   lam: float | None, lr: float | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3)."""
@@ -185,13 +186,13 @@ def alias_command(model: str, out: str, zones: str, delta: str, canonical: str, 
 
         if min_cosine is not None or budget_ppl is not None or canonical != "mean":
             raise UsageError("--min-cosine, --budget-ppl and --canonical apply to post-hoc aliasing, not --train.")
-        cfg = replace(AliasTrainConfig(zones=zones, delta=delta, types=type_list),
-                      **{k: v for k, v in dict(steps=steps, lam=lam, lr=lr).items() if v is not None})
+        cfg = replace(AliasTrainConfig(delta=delta, types=type_list),
+                      **{k: v for k, v in dict(zones=zones, steps=steps, lam=lam, lr=lr).items() if v is not None})
         result = train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
     else:
         if steps is not None or lam is not None or lr is not None:
             raise UsageError("--steps, --lam and --lr need --train.")
-        cfg = AliasConfig(zones=zones, delta=delta, canonical=canonical, types=type_list, min_cosine=min_cosine,
+        cfg = AliasConfig(zones=zones or "core", delta=delta, canonical=canonical, types=type_list, min_cosine=min_cosine,
                           budget_ppl=budget_ppl)
         result = alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
     render_alias(result)
