@@ -1,6 +1,8 @@
 """Aliasing ratio vs held-out perplexity frontier (R3) for both bundled fixtures.
 
-    python benchmarks/alias_frontier.py [-o bench-alias] [--steps 400] [--only tiny-falcon] [--no-train]
+    python benchmarks/alias_frontier.py [-o bench-alias] [--steps 400] [--only tiny-falcon]
+        [--part all|post-hoc|trained] [--trained 0,2]     # run a subset (parallel jobs)
+    python benchmarks/alias_frontier.py -o bench-alias --merge bench-alias/frontier-*.json
 
 For each fixture it runs post-hoc ``aios-convert alias`` at several zone / delta settings
 (the contract's zone thresholds reject every pair on these models, so the forced settings
@@ -8,7 +10,8 @@ use ``min_cosine=0`` and are labelled so) and trained aliasing at a few λ / zon
 plus a fine-tune of the *independent* weights with the same recipe (what training alone
 does to perplexity). Every output is then scored by the R3 checker itself. Ratios and
 ‖δ‖/‖W_c‖ are measured from the written tensors; perplexity is measured on the fixtures'
-held-out split. Writes ``frontier.json``, ``frontier.md`` and ``frontier.png``.
+held-out split. Writes ``frontier[-subset].json``, ``.md`` and ``.png``; ``--merge`` combines
+subsets into ``frontier.*``.
 
 torch and numpy's BLAS run with one thread: on the shared 2-core machine two threads were
 15-40× slower (0.4 s vs 6.9 s per training step) because of contention.
@@ -52,6 +55,7 @@ TRAINED = [  # (zones, delta, lam, types); steps, batch, lr, projection radius: 
 
 
 def score(folder: Path) -> dict:
+    """The R3 checker's own verdict and measured metrics for an alias output folder."""
     h = resolve_model(str(folder))
     r = r3_aliasing.check(h, CheckContext(calibration_texts=load_texts(limit=1)))
     m = {x.name: x.value for x in r.metrics}
@@ -59,9 +63,9 @@ def score(folder: Path) -> dict:
             "model_ratio": m.get("model_aliasing_ratio"), "max_rel_delta_core": m.get("max_rel_delta_norm")}
 
 
-def run(fixture: str, root: Path, steps: int, train: bool) -> list[dict]:
+def run(fixture: str, root: Path, steps: int, part: str, trained: list[int] | None) -> list[dict]:
     rows = []
-    for zones, delta, mc in POST_HOC:
+    for zones, delta, mc in POST_HOC if part in ("all", "post-hoc") else []:
         out = root / f"{fixture}-post-{zones}-{delta.replace(':', '')}-{mc}"
         t0 = time.perf_counter()
         res = alias(fixture, out, AliasConfig(zones=zones, delta=delta, min_cosine=mc))
@@ -74,9 +78,9 @@ def run(fixture: str, root: Path, steps: int, train: bool) -> list[dict]:
         rows.append(row)
         print(json.dumps(row), flush=True)
         shutil.rmtree(out)
-    if not train:
+    if part == "post-hoc":
         return rows
-    for zones, delta, lam, types in TRAINED:
+    for zones, delta, lam, types in [TRAINED[i] for i in (trained or range(len(TRAINED)))]:
         out = root / f"{fixture}-train-{zones}-{delta.replace(':', '')}-{lam}-{'none' if types == () else 'all'}"
         t0 = time.perf_counter()
         res = train_alias(fixture, out, AliasTrainConfig(zones=zones, delta=delta, lam=lam, steps=steps, types=types))
@@ -134,8 +138,25 @@ def main() -> None:
     ap.add_argument("-o", "--out", default="bench-alias")
     ap.add_argument("--steps", type=int, default=AliasTrainConfig().steps)
     ap.add_argument("--only", choices=["tiny-falcon", "tiny-llama"], default=None)
-    ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--part", choices=["all", "post-hoc", "trained"], default="all")
+    ap.add_argument("--trained", default=None, help="comma-separated indices into TRAINED (default: all)")
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="combine rows of earlier frontier*.json files (or JSON-lines files) into one table")
     args = ap.parse_args()
+    if args.merge:
+        rows = []
+        for f in args.merge:
+            text = Path(f).read_text()
+            rows += json.loads(text)["rows"] if text.lstrip().startswith("{\n") or '"rows"' in text[:20] \
+                else [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows.sort(key=lambda r: (r["fixture"], r["mode"] != "post-hoc", r["mode"]))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "frontier.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        (out / "frontier.md").write_text(markdown(rows))
+        plot(rows, out / "frontier.png")
+        print(markdown(rows))
+        return
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(1)
@@ -145,8 +166,10 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="alias-frontier-") as tmp:
         for fixture in [args.only] if args.only else ["tiny-falcon", "tiny-llama"]:
-            rows += run(fixture, Path(tmp), args.steps, not args.no_train)
-    stem = f"frontier-{args.only}" if args.only else "frontier"
+            rows += run(fixture, Path(tmp), args.steps, args.part,
+                        [int(i) for i in args.trained.split(",")] if args.trained else None)
+    stem = "frontier" + (f"-{args.only}" if args.only else "") + (f"-{args.part}" if args.part != "all" else "") \
+        + (f"-{args.trained.replace(',', '_')}" if args.trained else "")
     (out / f"{stem}.json").write_text(json.dumps({"rows": rows, "steps": args.steps}, indent=1) + "\n")
     (out / f"{stem}.md").write_text(markdown(rows))
     plot(rows, out / f"{stem}.png")

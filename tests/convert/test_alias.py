@@ -236,3 +236,57 @@ def test_broken_alias_record_is_a_clean_error(tmp_path, aliased_llama):
     with pytest.raises(InvalidModelError, match="invalid alias record"):
         af.groups_of(resolve_model(str(bad)))
     assert "Traceback" not in r.output
+
+
+# --- end to end: the CLI (post-hoc with GGUF outputs), the perplexity budget, a short trained run -----
+
+
+@pytest.mark.slow  # 25-60 s on the shared box (perplexity evaluations)
+def test_cli_post_hoc_writes_folder_and_both_ggufs(tmp_path):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["alias", "tiny-falcon", "-o", str(out), "--zones", "all", "--delta", "none",
+                                  "--min-cosine", "0", "--types", "dense", "--gguf", str(tmp_path / "a.gguf"),
+                                  "--dealias", str(tmp_path / "d.gguf")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / af.SIDECAR).read_text())
+    assert "aliasing ratio (measured from the written tensors)" in r.output
+    assert f"{rep['heldout_perplexity']:.3f}" in r.output and (tmp_path / "a.gguf").is_file()
+    assert (tmp_path / "d.gguf").is_file()
+    # dense (128 x 128) shared by 6 layers with no deltas: each member saves 5/6 of its matrix
+    B = 128 * 128 * 4
+    assert rep["aliasing"]["core_bytes_saved"] == round(2 * (B - B / 6))
+    assert rep["zone_thresholds"] == {str(i): 0.0 for i in range(6)}
+    a = resolve_model(str(tmp_path / "a.gguf"))
+    assert a.store.field("aios.alias.perplexity_delta") == pytest.approx(rep["perplexity_delta"], abs=1e-4)
+    assert json.loads(a.store.field("aios.alias.zone_thresholds")) == rep["zone_thresholds"]
+
+
+@pytest.mark.slow  # 25-60 s on the shared box (perplexity evaluations)
+def test_budget_keeps_only_types_within_the_measured_perplexity_budget(tmp_path):
+    res = A.alias("tiny-falcon", tmp_path / "out",
+                  A.AliasConfig(zones="all", delta="lowrank:32", min_cosine=0.0, budget_ppl=3.0))
+    rep = res.report
+    kept = [a for a in rep["analysis"] if a["aliased"]]
+    dropped = [a for a in rep["analysis"] if not a["aliased"]]
+    assert rep["perplexity_delta"] <= 3.0
+    assert len(rep["groups"]) == len(kept) and dropped  # all four together cost +12 (frontier), so some go
+    assert all("exceeds the budget" in a["rejected"] for a in dropped)
+
+
+@pytest.mark.slow  # 25-60 s on the shared box (perplexity evaluations)
+def test_short_trained_run_keeps_deltas_inside_the_projection_radius(tmp_path):
+    from convert.alias_train import AliasTrainConfig, train_alias
+
+    cfg = AliasTrainConfig(zones="1-4", delta="lowrank:2", types=("dense",), steps=4, batch=2, seq_len=16, warmup=1)
+    res = train_alias("tiny-falcon", tmp_path / "t", cfg)
+    rep = res.report
+    assert rep["mode"] == "trained" and rep["config"]["steps"] == 4 and len(rep["training_log"]) >= 2
+    assert max(n["rel_delta_norm"] for n in rep["delta_norms"]) <= 0.09 + 1e-6
+    h = resolve_model(str(tmp_path / "t"))
+    (g,) = af.groups_of(h)
+    assert [m.layer for m in g.members] == [1, 2, 3, 4] and all(m.rank == 2 for m in g.members)
+    # the stored model is the one whose perplexity was measured
+    from convert import evaluation as ev
+
+    ppl = ev.heldout_perplexity(h.load_torch(dtype="float32"), ev.pydoc_split(h.load_tokenizer(), "heldout"))
+    assert ppl == pytest.approx(rep["heldout_perplexity"], abs=1e-3)
