@@ -52,7 +52,8 @@ def _read_npz(p: Path) -> dict[str, np.ndarray]:
                                                 "more data than the file holds.")
         with np.load(p, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, TypeError) as e:
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, TypeError,
+            NotImplementedError, RuntimeError) as e:  # zipfile: encrypted / unsupported members
         raise InvalidModelError(f"{p} is not a readable .npz sparsity map ({e}).") from None
 
 

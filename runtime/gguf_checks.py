@@ -116,7 +116,7 @@ def check_tensors(tensors: dict, hp, path: Path) -> None:
     layer = _expected(hp)
     for name, x in tensors.items():
         shape = want.get(name)
-        if shape is None and name.startswith("blk."):
+        if shape is None and name.startswith("blk.") and name.count(".") >= 2:
             shape = layer.get(name.split(".", 2)[2])
         if shape is not None and _numpy_shape(x) != shape:
             raise InvalidModelError(f"{path}: tensor '{name}' has shape {list(_numpy_shape(x))}; the "
