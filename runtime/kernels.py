@@ -45,7 +45,7 @@ def mm_u16(W, lut, X, rows, Y):  # W (n, k) uint16 (F16 or BF16 bits)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def mm_q8_0(qs, d, X, rows, Y):  # qs (n, k) int8; d (n, k/32) f32
+def mm_q8_0(qs, d, lut, X, rows, Y):  # qs (n, k) int8; d (n, k/32) fp16 bits (uint16)
     T, k = X.shape
     nb = k // 32
     for ii in prange(rows.shape[0]):
@@ -56,12 +56,12 @@ def mm_q8_0(qs, d, X, rows, Y):  # qs (n, k) int8; d (n, k/32) f32
                 s = np.float32(0.0)
                 for u in range(32):
                     s += np.float32(qs[i, b * 32 + u]) * X[t, b * 32 + u]
-                acc += d[i, b] * s
+                acc += lut[d[i, b]] * s
             Y[t, i] = acc
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def mm_q4_0(qs, d, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (n, k/32) f32
+def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (n, k/32) fp16 bits
     T, k = X.shape
     nb = k // 32
     for ii in prange(rows.shape[0]):
@@ -74,7 +74,7 @@ def mm_q4_0(qs, d, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (n, k/
                     byte = qs[i, b * 16 + u]
                     s += np.float32(np.int32(byte & 15) - 8) * X[t, b * 32 + u]
                     s += np.float32(np.int32(byte >> 4) - 8) * X[t, b * 32 + u + 16]
-                acc += d[i, b] * s
+                acc += lut[d[i, b]] * s
             Y[t, i] = acc
 
 

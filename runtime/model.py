@@ -356,7 +356,9 @@ def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
     if m.scales is None:  # K-quants: raw block rows, decoded per token
         return m.rows_f32(tokens)
     rows = np.zeros((len(tokens), m.n_in), np.float32)
-    qs, d = m.data[tokens], m.scales[tokens]  # type: ignore[index]
+    from runtime.kernels import LUT_F16
+
+    qs, d = m.data[tokens], LUT_F16[m.scales[tokens]]  # type: ignore[index]
     nb = m.n_in // 32
     if m.kind == "Q8_0":
         rows[:] = (qs.reshape(len(tokens), nb, 32).astype(np.float32) * d[:, :, None]).reshape(len(tokens), -1)

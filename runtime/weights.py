@@ -45,11 +45,11 @@ class Matrix:
     n_out: int
     n_in: int
     data: np.ndarray  # F32: float32 (n, k); F16/BF16: uint16 (n, k); Q*_0: int8/uint8 quants; Q*_K: raw block bytes
-    scales: np.ndarray | None = None  # Q*: float32 (n, k/32)
+    scales: np.ndarray | None = None  # Q8_0/Q4_0: fp16 bits as uint16 (n, k/32), decoded in the kernel
 
     @property
     def row_bytes(self) -> int:
-        """Bytes the kernel reads per row (quants + scales as held in memory)."""
+        """Bytes the kernel reads per row: quants + fp16 scales, exactly the file's bytes."""
         b = self.data.shape[1] * self.data.itemsize
         if self.scales is not None:
             b += self.scales.shape[1] * self.scales.itemsize
@@ -80,9 +80,9 @@ class Matrix:
         elif self.kind == "BF16":
             K.mm_u16(self.data, K.LUT_BF16, X, r, Y)
         elif self.kind == "Q8_0":
-            K.mm_q8_0(self.data, self.scales, X, r, Y)
+            K.mm_q8_0(self.data, self.scales, K.LUT_F16, X, r, Y)
         elif self.kind == "Q4_0":
-            K.mm_q4_0(self.data, self.scales, X, r, Y)
+            K.mm_q4_0(self.data, self.scales, K.LUT_F16, X, r, Y)
         elif self.kind == "Q4_K":
             KK.mm_q4_k(self.data, K.LUT_F16, X, KK.xsum(X, 32), r, Y)
         elif self.kind == "Q2_K":
@@ -157,7 +157,7 @@ def from_gguf_tensor(t) -> Matrix:
     blk = 34 if kind == "Q8_0" else 18
     nb = n_in // K.QK
     blocks = raw.reshape(n_out, nb, blk)
-    scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).reshape(n_out, nb).astype(np.float32)
+    scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16).reshape(n_out, nb)
     qs = np.ascontiguousarray(blocks[:, :, 2:]).reshape(n_out, -1)
     if kind == "Q8_0":
         qs = qs.view(np.int8)

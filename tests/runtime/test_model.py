@@ -133,3 +133,17 @@ def test_errors(exported, gguf_file, tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
     with pytest.raises(UnsupportedArchitectureError):
         Model(p)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
+def test_block_quant_bytes_counted_are_the_file_bytes(exported, outtype):
+    """fp16 block scales stay fp16 in memory, so a row costs exactly its bytes in the file."""
+    import gguf
+
+    path, _ = exported("tiny-llama", outtype)
+    checked = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type.name.lower() == outtype:
+            assert from_gguf_tensor(t).nbytes == int(t.n_bytes), t.name
+            checked += 1
+    assert checked >= 3
