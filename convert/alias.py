@@ -405,7 +405,9 @@ def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt", af.HF_METADATA_KEY: af.dumps(groups)})
+                  # one key only: safetensors writes __metadata__ from a hash map, so with two keys
+                  # their order (and the file's bytes) varied from run to run
+                  metadata={af.HF_METADATA_KEY: af.dumps(groups)})
         for n in COPY_FILES:
             if (handle.path / n).is_file():
                 shutil.copyfile(handle.path / n, tmp / n)

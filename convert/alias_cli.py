@@ -31,6 +31,8 @@ def render_alias(result: AliasResult) -> None:
                       f"{worst['layer']}); per member in {result.output / 'aios_alias.json'}")
     console.print(f"held-out perplexity (measured): {rep['source_heldout_perplexity']:.3f} → "
                   f"{rep['heldout_perplexity']:.3f} ({rep['perplexity_delta']:+.3f})")
+    for note in result.notes:
+        console.print(note)
     if result.gguf:
         console.print(f"wrote {result.gguf} (aliased; runs in aios-run, not in llama.cpp)")
     if result.dealiased_gguf:

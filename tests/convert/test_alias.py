@@ -290,3 +290,14 @@ def test_short_trained_run_keeps_deltas_inside_the_projection_radius(tmp_path):
 
     ppl = ev.heldout_perplexity(h.load_torch(dtype="float32"), ev.pydoc_split(h.load_tokenizer(), "heldout"))
     assert ppl == pytest.approx(rep["heldout_perplexity"], abs=1e-3)
+
+
+def test_same_input_gives_byte_identical_outputs(tmp_path):
+    from convert.alias_gguf import export_alias_gguf
+
+    outs = [build_alias_folder(FIXTURES_DIR / "tiny-falcon", tmp_path / f"run{k}" / "out", delta="lowrank:4",
+                               types=("dense",)) for k in (1, 2)]  # same name: the GGUF records it
+    for p in sorted(outs[0].iterdir()):
+        assert p.read_bytes() == (outs[1] / p.name).read_bytes(), p.name
+    ggufs = [export_alias_gguf(o, o.parent / "a.gguf").output.read_bytes() for o in outs]
+    assert ggufs[0] == ggufs[1]
