@@ -102,6 +102,7 @@ def test_sigint_during_gguf_export(models, tmp_path):
     assert _names(outdir) == []
 
 
+@pytest.mark.slow  # 25-45 s (a measured calibration run first); gguf covers the same finalize path
 def test_sigint_during_layout(models, tmp_path):
     _, gguf, calib = models
     outdir = tmp_path / "out"
