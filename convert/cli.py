@@ -145,8 +145,9 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
 
 @main.command("alias")
 @click.argument("model")
-@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
-              help="Output HF folder (canonical + deltas, aios_alias.json report); must not exist.")
+@click.option("-o", "--output", "out", default=None, type=click.Path(file_okay=False),
+              help="Output HF folder (canonical + deltas, aios_alias.json report); must not exist. "
+                   "Omit it to only export an already aliased MODEL with --gguf/--dealias.")
 @click.option("--zones", default=None,
               help="Layers sharing one canonical per matrix type: core, all, or a range A-B "
                    "[default: core; all with --train].")
@@ -166,7 +167,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
 @click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0"]), default="f32", show_default=True,
               help="Type of the GGUF outputs' 2-D weights.")
-def alias_command(model: str, out: str, zones: str | None, delta: str, canonical: str, types: str | None,
+def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
                   lam: float | None, lr: float | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3)."""
@@ -179,6 +180,18 @@ def alias_command(model: str, out: str, zones: str | None, delta: str, canonical
         err_console.print(f"[dim]{message}[/]")
 
     type_list = tuple(t.strip() for t in types.split(",") if t.strip()) if types else None
+    if out is None:
+        from rich.console import Console
+
+        from convert.alias_gguf import export_alias_gguf
+
+        if not (gguf or dealias):
+            raise UsageError("Pass -o OUT to alias MODEL, or --gguf/--dealias to export an already aliased MODEL.")
+        for path, flat in ((gguf, False), (dealias, True)):
+            if path:
+                res = export_alias_gguf(model, path, outtype=outtype, dealias=flat)
+                Console(highlight=False).print(f"wrote {res.output} ({'de-aliased standard GGUF; llama.cpp loads it' if flat else 'aliased; runs in aios-run, not in llama.cpp'})")
+        return
     if train:
         from dataclasses import replace
 

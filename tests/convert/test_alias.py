@@ -301,3 +301,16 @@ def test_same_input_gives_byte_identical_outputs(tmp_path):
         assert p.read_bytes() == (outs[1] / p.name).read_bytes(), p.name
     ggufs = [export_alias_gguf(o, o.parent / "a.gguf").output.read_bytes() for o in outs]
     assert ggufs[0] == ggufs[1]
+
+
+def test_cli_exports_an_already_aliased_folder_without_o(tmp_path):
+    fixture = FIXTURES_DIR / "tiny-falcon-alias"
+    r = CliRunner().invoke(main, ["alias", str(fixture), "--gguf", str(tmp_path / "a.gguf"),
+                                  "--dealias", str(tmp_path / "d.gguf")])
+    assert r.exit_code == 0, r.output
+    assert "aliased; runs in aios-run" in r.output and "llama.cpp loads it" in r.output
+    assert af.groups_of(resolve_model(str(tmp_path / "a.gguf"))) and not af.groups_of(resolve_model(str(tmp_path / "d.gguf")))
+    r = CliRunner().invoke(main, ["alias", "tiny-falcon"])
+    assert r.exit_code == 2 and "Pass -o OUT" in r.output
+    r = CliRunner().invoke(main, ["alias", "tiny-falcon", "--gguf", str(tmp_path / "x.gguf")])
+    assert r.exit_code == 4 and "no alias groups" in r.output and not (tmp_path / "x.gguf").exists()
