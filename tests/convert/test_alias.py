@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
