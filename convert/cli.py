@@ -256,8 +256,10 @@ def svd_residual_command(model: str, output: str, rank: str | None, calibration:
     from convert.svd_residual import SvdResidualConfig, svd_residual
     from convert.svd_residual_cli import render, write_report
 
+    from pathlib import Path
+
     cfg = replace(SvdResidualConfig(), rank=_parse_rank(rank),
-                  calibration=calibration and click.format_filename(calibration).split("/")[-1], **options)
+                  calibration=Path(calibration).name if calibration else None, **options)
     result = svd_residual(model, output, cfg, calibration=calibration,
                           progress=lambda message: err_console.print(f"[dim]{message}[/]"))
     if eval_tokens:

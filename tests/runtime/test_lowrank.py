@@ -71,8 +71,7 @@ def _expected_decode_weight_bytes(path) -> int:
     """Bytes one decode step must read, from the GGUF's own tensor sizes.
 
     Every block tensor once (norm weights are not counted by the runtime), one embedding row,
-    the whole output head (the embedding when tied). Q8_0/Q4_0 matrices are held with the
-    fp16 block scale widened to fp32, 2 more bytes per 32-value block than in the file.
+    the whole output head (the embedding when tied); kernels read the stored bytes.
     """
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     total = 0
@@ -80,8 +79,6 @@ def _expected_decode_weight_bytes(path) -> int:
         if not name.startswith("blk.") or name.endswith("_norm.weight") or name.endswith("_norm.bias"):
             continue
         total += int(t.n_bytes)
-        if t.tensor_type.name in ("Q8_0", "Q4_0") and len(t.shape) == 2:
-            total += 2 * int(t.n_elements) // 32
     emb = tensors["token_embd.weight"]
     total += int(emb.n_bytes) // int(emb.shape[1])
     total += int(tensors.get("output.weight", emb).n_bytes)
