@@ -48,6 +48,7 @@ class AliasTrainConfig:
     lam_ramp: float = 0.3  # fraction of the steps over which λ rises from 0
     max_rel_delta: float | None = 0.09  # projection radius ‖δ_i‖ ≤ ρ‖W_c‖ reached at shrink_until (None: off)
     shrink_until: float = 0.6  # fraction of the steps at which the radius reaches max_rel_delta
+    norm: str = "fro"  # projection norm: fro (the R3 criterion) or spectral (also bounds ‖δ‖₂/‖W_c‖₂)
     warmup: int = 20
     seed: int = 0
     version: int = 1
@@ -65,9 +66,16 @@ class _Member(torch.nn.Module):
         return self.delta[0] if len(self.delta) == 1 else self.delta[0] @ self.delta[1]
 
     @torch.no_grad()
-    def project(self, radius: float) -> None:
-        """Rescale δ so that ‖δ‖_F ≤ radius·‖W_c‖_F."""
-        rel = float(self.delta_value().norm() / self.canonical.norm().clamp_min(1e-30))
+    def rel_norm(self, norm: str = "fro") -> float:
+        d, c = self.delta_value(), self.canonical
+        if norm == "spectral":
+            return float(torch.linalg.matrix_norm(d, ord=2) / torch.linalg.matrix_norm(c, ord=2).clamp_min(1e-30))
+        return float(d.norm() / c.norm().clamp_min(1e-30))
+
+    @torch.no_grad()
+    def project(self, radius: float, norm: str = "fro") -> None:
+        """Rescale δ so that ‖δ‖ ≤ radius·‖W_c‖ (Frobenius or spectral)."""
+        rel = self.rel_norm(norm)
         if rel > radius:
             c = radius / rel
             for p in self.delta:
@@ -112,6 +120,8 @@ def reparameterize(tm: torch.nn.Module, handle: ModelHandle, types: list[str], l
 def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig, *, outtype: str = "f32",
                 gguf=None, dealias=None, progress: A.ProgressFn | None = None) -> A.AliasResult:
     encoding, rank = A.parse_delta(cfg.delta)
+    if cfg.norm not in ("fro", "spectral"):
+        raise UsageError(f"norm must be fro or spectral, not '{cfg.norm}'.")
     if cfg.steps < 1 or cfg.batch < 1 or cfg.seq_len < 2 or cfg.lr <= 0 or cfg.lam < 0:
         raise UsageError("--steps, --batch must be ≥ 1, --seq-len ≥ 2, --lr > 0 and --lam ≥ 0.")
     out = Path(out)
@@ -138,7 +148,7 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
     say(f"after re-parameterization (deltas {'truncated to rank ' + str(rank) if rank else 'exact'}): {init_ppl:.3f}")
     members = [m for ms in groups.values() for _, m in ms]
     with torch.no_grad():
-        rel0 = [float(m.delta_value().norm() / m.canonical.norm()) for m in members]
+        rel0 = [m.rel_norm(cfg.norm) for m in members]
     params = [p for p in tm.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -159,7 +169,7 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
         if cfg.max_rel_delta is not None:
             s = tr.l1_at(step, cfg.steps, 1.0, 0.0, cfg.shrink_until)  # 0 -> 1 half-cosine
             for m, r0 in zip(members, rel0):
-                m.project(cfg.max_rel_delta + (max(r0, cfg.max_rel_delta) - cfg.max_rel_delta) * (1 - s))
+                m.project(cfg.max_rel_delta + (max(r0, cfg.max_rel_delta) - cfg.max_rel_delta) * (1 - s), cfg.norm)
         if step % 25 == 0 or step == cfg.steps - 1:
             rel = _max_rel(groups)
             log.append({"step": step, "loss": round(loss.item(), 4), "lam": lam, "delta_sq": round(sq.item(), 4),

@@ -214,16 +214,30 @@ def tensor_getter(handle) -> Callable[[str], np.ndarray]:
     return get
 
 
+def spectral_norm(x: np.ndarray, exact_limit: int = 4_000_000) -> float:
+    """Largest singular value: exact (SVD) up to ``exact_limit`` elements, else 50 power iterations."""
+    if x.size <= exact_limit:
+        return float(np.linalg.norm(x.astype(np.float64), 2))
+    v = np.random.default_rng(0).standard_normal(x.shape[1])
+    for _ in range(50):
+        v = x.T @ (x @ v)
+        v /= np.linalg.norm(v)
+    return float(np.linalg.norm(x @ v))
+
+
 def delta_norms(handle, groups: list[Group]) -> list[dict]:
-    """Measured ‖δ_i‖_F / ‖W_c‖_F of every member, read from the stored tensors."""
+    """Measured ‖δ_i‖/‖W_c‖ of every member from the stored tensors: Frobenius (the R3 criterion
+    as CONTRACT.md states it) and spectral (the contract prose writes ‖·‖₂; shown beside it)."""
     get = tensor_getter(handle)
     out = []
     for g in groups:
-        cn = float(np.linalg.norm(get(g.canonical)))
+        Wc = get(g.canonical)
+        cn, cs = float(np.linalg.norm(Wc)), spectral_norm(Wc)
         for m in g.members:
             d = delta_dense(m, get)
             out.append({"type": g.type, "layer": m.layer, "encoding": m.encoding,
-                        "rel_delta_norm": round(float(np.linalg.norm(d)) / cn if d is not None else 0.0, 6)})
+                        "rel_delta_norm": round(float(np.linalg.norm(d)) / cn if d is not None else 0.0, 6),
+                        "rel_delta_spectral": round(spectral_norm(d) / cs if d is not None else 0.0, 6)})
     return out
 
 

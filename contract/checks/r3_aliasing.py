@@ -164,6 +164,10 @@ def _explicit(handle: ModelHandle, ctx: CheckContext, groups: list, base: dict, 
                note="same definition over all layers"),
         Metric(name="max_rel_delta_norm", value=round(max_delta, 6), evidence=Evidence.measured,
                note="max over core-zone members of ‖δ_i‖_F/‖W_c‖_F, from the stored tensors"),
+        Metric(name="max_rel_delta_spectral", value=round(max((n["rel_delta_spectral"] for n in norms
+                                                               if n["layer"] in core), default=float("nan")), 6),
+               evidence=Evidence.measured,
+               note="same with spectral norms (the contract prose writes ‖·‖₂); information, not the criterion"),
         Metric(name="alias_groups", value=len(groups), evidence=Evidence.declared),
     ]
     if ppl is not None:
