@@ -162,6 +162,8 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
 @click.option("--steps", type=int, default=None, help="--train: optimisation steps.")
 @click.option("--lam", type=float, default=None, help="--train: final λ of the delta penalty.")
 @click.option("--lr", type=float, default=None, help="--train: peak learning rate.")
+@click.option("--delta-norm", type=click.Choice(["fro", "spectral"]), default=None,
+              help="--train: norm of the ‖δ_i‖ ≤ 9 % ‖W_c‖ projection [default: fro, the R3 criterion].")
 @click.option("--gguf", type=click.Path(dir_okay=False), default=None, help="Also write an aliased GGUF for aios-run.")
 @click.option("--dealias", type=click.Path(dir_okay=False), default=None,
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
@@ -169,7 +171,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
               help="Type of the GGUF outputs' 2-D weights.")
 def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
-                  lam: float | None, lr: float | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
+                  lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3)."""
     from aios.cli_common import err_console
     from aios.errors import UsageError
@@ -200,11 +202,12 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
         if min_cosine is not None or budget_ppl is not None or canonical != "mean":
             raise UsageError("--min-cosine, --budget-ppl and --canonical apply to post-hoc aliasing, not --train.")
         cfg = replace(AliasTrainConfig(delta=delta, types=type_list),
-                      **{k: v for k, v in dict(zones=zones, steps=steps, lam=lam, lr=lr).items() if v is not None})
+                      **{k: v for k, v in dict(zones=zones, steps=steps, lam=lam, lr=lr, norm=delta_norm).items()
+                         if v is not None})
         result = train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
     else:
-        if steps is not None or lam is not None or lr is not None:
-            raise UsageError("--steps, --lam and --lr need --train.")
+        if steps is not None or lam is not None or lr is not None or delta_norm is not None:
+            raise UsageError("--steps, --lam, --lr and --delta-norm need --train.")
         cfg = AliasConfig(zones=zones or "core", delta=delta, canonical=canonical, types=type_list, min_cosine=min_cosine,
                           budget_ppl=budget_ppl)
         result = alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
