@@ -101,7 +101,7 @@ def markdown(rows: list[dict]) -> str:
             "ppl (source → out) | Δppl | R3 |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = ""
     for r in rows:
-        lam = r.get("lam", "-")
+        lam = "-" if r["mode"] != "trained" else r.get("lam", "-")  # λ means nothing without deltas
         body += (f"| {r['fixture']} | {r['mode']}{' (' + r['thresholds'] + ')' if 'thresholds' in r else ''} | "
                  f"{r['zones']} | {r['delta']} | {lam} | {r['core_ratio'] if r['core_ratio'] is not None else 0:.3f} | "
                  f"{r['model_ratio'] if r['model_ratio'] is not None else 0:.3f} | "
