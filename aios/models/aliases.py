@@ -187,6 +187,12 @@ ALIASES: tuple[Alias, ...] = (
         local_path=FIXTURES_DIR / "tiny-falcon-relu",
         note="Bundled fixture: tiny-falcon relufied by aios-convert relufy (ReLU, ~92 % exact zeros).",
     ),
+    Alias(
+        "tiny-falcon-alias",
+        None,
+        local_path=FIXTURES_DIR / "tiny-falcon-alias",
+        note="Bundled fixture: tiny-falcon with trained canonical + delta weights (aios-convert alias --train; R3 pass).",
+    ),
 )
 
 DEFAULT_MODEL = "tiny-falcon"

@@ -427,3 +427,14 @@ def test_sparsity_map_shape_mismatch(tmp_path):
     smap = write_map(tmp_path / "bad.npz", 6, 100)
     res = CliRunner().invoke(main, ["gguf", "tiny-llama", "-o", str(tmp_path / "x.gguf"), "--sparsity-map", str(smap)])
     assert res.exit_code == 4 and "d_ffn is 352" in res.output
+
+
+def test_aliased_folder_points_to_the_alias_exporter(tmp_path):
+    from click.testing import CliRunner
+
+    from convert.cli import main
+
+    out = tmp_path / "x.gguf"
+    res = CliRunner().invoke(main, ["gguf", "tiny-falcon-alias", "-o", str(out)])
+    assert res.exit_code == 2 and "aios-convert alias tiny-falcon-alias --gguf" in res.stderr
+    assert not out.exists()
