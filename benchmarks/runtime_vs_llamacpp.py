@@ -10,7 +10,9 @@
    pre-activations are negative (positive residual stream, gate rows shifted by
    --gate-shift; the default gives ~90 % zeros, measured and printed): a speed test of the
    sparse path at a known sparsity, not a quality claim. Exact sparse reads the gate, the
-   up rows of nonzero gates and the down rows of nonzero activations.
+   up rows of nonzero gates and the down rows of nonzero activations. For reference the
+   lossy ``predict`` mode (a predictor fitted on the bundled calibration text) is run too,
+   with its false-negative rate.
 
     python benchmarks/runtime_vs_llamacpp.py [--layers 6] [--tokens 16] [--gate-shift 6e-4] [--keep DIR]
 
@@ -95,17 +97,22 @@ def export(src: Path, out: Path, outtype: str) -> Path:
     return out
 
 
-def ours(path: Path, mode: str, n: int) -> dict:
+def ours(path: Path, mode: str, n: int, predictor: Path | None = None) -> dict:
     from runtime.generate import generate
     from runtime.model import Model
 
-    m = Model(path, mode=mode, n_ctx=256)
+    m = Model(path, mode=mode, n_ctx=256, predictor=predictor)
     prompt = list(range(1, 9))
     generate(m, prompt, 2)  # warm-up
     _, tm = generate(m, prompt, n)
     w = tm.decode_bytes["weights"] / tm.generated
     density = tm.decode_ffn_nnz / (tm.generated * m.hp.n_layers * m.hp.d_ffn)
-    return {"decode_tok_s": tm.decode_tps, "weight_bytes_per_token": w, "ffn_density": density}
+    out = {"decode_tok_s": tm.decode_tps, "weight_bytes_per_token": w, "ffn_density": density}
+    if mode == "predict":
+        s = m.pred_stats
+        out["predictor_fnr"] = s["missed"] / max(1, s["fired"])
+        out["predicted_density"] = s["predicted"] / max(1, s["rows"])
+    return out
 
 
 def llama_cpp(path: Path, n: int) -> dict:
@@ -162,6 +169,15 @@ def main() -> None:
         out["relu_ffn_exact_zero_fraction"] = round(1 - sp["ffn_density"], 4)
         out["ours_sparse_tok_s"], out["llamacpp_dense_same_weights_tok_s"] = round(sp["decode_tok_s"], 3), round(lr["decode_tok_s"], 3)
         out["ratio_ours_sparse_over_llamacpp_dense"] = round(sp["decode_tok_s"] / lr["decode_tok_s"], 3)
+        # lossy, for reference: the up/gate predictor (aios-run fit-predictor) on the same file
+        from runtime import predictor as P
+
+        pf = P.save(P.fit(relu, P.PredictorConfig(max_tokens=2048)), work / "relu-f32.predictor.npz")
+        pr = ours(relu, "predict", args.tokens, pf)
+        out["ours_predict_lossy_tok_s"] = round(pr["decode_tok_s"], 3)
+        out["predict_decode_fnr"] = round(pr["predictor_fnr"], 4)
+        out["predict_rows_computed"] = round(pr["predicted_density"], 4)
+        out["ratio_ours_predict_lossy_over_llamacpp_dense"] = round(pr["decode_tok_s"] / lr["decode_tok_s"], 3)
         out["model_f32_bytes"] = f32.stat().st_size
     finally:
         print(json.dumps(out, indent=2))
