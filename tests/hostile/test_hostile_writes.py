@@ -32,7 +32,10 @@ def cli(module: str, *args: str) -> list[str]:
 # file (a dot-file: every writer's temp names start with ".") it prints a marker and sleeps,
 # so the test can send SIGINT at the last moment before the rename into the final name.
 WRAPPER = """
-import os, sys, time
+import os, signal, sys, time
+# a shell runs background jobs with SIGINT ignored, and Python then keeps it ignored: restore
+# the default so the test behaves the same when the suite itself runs in the background
+signal.signal(signal.SIGINT, signal.default_int_handler)
 _fsync, seen = os.fsync, [0]
 def fsync(fd):
     name = os.readlink(f"/proc/self/fd/{fd}")
