@@ -166,3 +166,20 @@ def lm(tmp_path):
         return write_word_tokenizer(folder, TINY_CONFIGS[kind].get("vocab_size", 128))
 
     return make
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch/numba/BLAS thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    on a shared 2-core box two threads contend so badly that SVDs and training steps run 15-40x slower."""
+    import numba
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    t, n = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(t)
+    numba.set_num_threads(n)

@@ -17,17 +17,7 @@ from contract.result import Evidence, Status
 FIXTURE = FIXTURES_DIR / "tiny-falcon-alias"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch/BLAS thread: two contend 15-40x on the shared 2-core box."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    t = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(t)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def ctx() -> CheckContext:

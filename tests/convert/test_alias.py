@@ -17,21 +17,7 @@ from convert import alias as A
 from convert.cli import main
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch/numba/BLAS thread for this module: on the shared 2-core CI box two threads
-    contend so badly that SVDs and training steps run 15-40x slower."""
-    import numba
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    t, n = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(t)
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def build_alias_folder(src, out, *, zones="all", delta="lowrank:8", types=None):

@@ -16,21 +16,7 @@ from tests.convert.test_alias import build_alias_folder
 TOKENS = [5, 17, 300, 42, 1024, 7, 99, 512, 3, 2000]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch/numba/BLAS thread for this module: on the shared 2-core CI box two threads
-    contend so badly that SVDs and training steps run 15-40x slower."""
-    import numba
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    t, n = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(t)
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
