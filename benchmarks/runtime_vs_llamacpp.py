@@ -108,7 +108,9 @@ def ours(path: Path, mode: str, n: int, predictor: Path | None = None) -> dict:
     w = tm.decode_bytes["weights"] / tm.generated
     density = tm.decode_ffn_nnz / (tm.generated * m.hp.n_layers * m.hp.d_ffn)
     out = {"decode_tok_s": tm.decode_tps, "weight_bytes_per_token": w, "ffn_density": density}
-    if mode == "predict":
+    if mode == "predict":  # the same decode again, untimed, counting the predictor's misses
+        m.measure_fnr = True
+        generate(m, prompt, n)
         s = m.pred_stats
         out["predictor_fnr"] = s["missed"] / max(1, s["fired"])
         out["predicted_density"] = s["predicted"] / max(1, s["rows"])

@@ -39,6 +39,7 @@ from aios.models import ModelHandle, resolve_model
 from aios.models import alias_format as af
 from contract.measure.similarity import cosine_from_gram, streamed_gram
 from contract.spec import zone_threshold
+from convert.relufy_run import source_sha256
 
 ProgressFn = Callable[[str], None]
 COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -400,7 +401,7 @@ def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report
     report["provenance"] = {"tool": "aios-toolchain", "tool_version": __version__,
                             "contract_version": CONTRACT_VERSION,
                             "source": {"name": handle.name, "architecture": handle.arch.name,
-                                       "sha256": _source_digest(handle)}}
+                                       "sha256": source_sha256(handle)}}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -423,19 +424,6 @@ def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _source_digest(handle: ModelHandle) -> str:
-    import hashlib
-
-    assert handle.path is not None
-    h = hashlib.sha256()
-    for p in [handle.path / "config.json", *sorted(handle.path.glob("*.safetensors"))]:
-        h.update(p.name.encode() + b"\0")
-        with open(p, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def with_overrides(cfg: AliasConfig, **kw) -> AliasConfig:

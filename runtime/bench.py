@@ -140,8 +140,11 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
             if mode != "dense":
                 model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
             generate(model, ids[:8], 2, chunk=chunk)  # warm-up: numba kernels load/compile
-            model.pred_stats = {k: 0 for k in model.pred_stats}
             _, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
+            if mode == "predict":  # the same decode again, untimed, counting the predictor's misses
+                model.measure_fnr = True
+                generate(model, ids, n, chunk=chunk, sampling=Sampling())
+                model.measure_fnr = False
             per_tok = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
             hp = model.hp
             density = tm.decode_ffn_nnz / max(1, tm.generated * hp.n_layers * hp.d_ffn)

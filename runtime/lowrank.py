@@ -15,7 +15,6 @@ A layer hook (registered in ``runtime.model.LAYER_HOOKS``) finds ``blk.N.X.lr_u`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,19 +189,10 @@ def _perplexity(model, tok, texts: list[str], eval_tokens: int, window: int) -> 
         ids += tok(text, add_special_tokens=False, verbose=False)["input_ids"]
         if len(ids) >= eval_tokens:
             break
-    ids = ids[:eval_tokens]
-    nll, count = 0.0, 0
-    for w0 in range(0, len(ids), window):
-        chunk = ids[w0 : w0 + window]
-        if len(chunk) < 2:
-            break
-        model.reset()
-        logits = model.forward(chunk, all_logits=True).astype(np.float64)  # (T, vocab)
-        z = logits[:-1] - logits[:-1].max(-1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-        nll -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
-        count += len(chunk) - 1
-    return math.exp(nll / count), count
+    from runtime.perplexity import perplexity
+
+    res = perplexity(model, ids[:eval_tokens], window=window)
+    return res["perplexity"], res["tokens_scored"]
 
 
 def evaluate_gguf(path: str | Path, eval_tokens: int = 1024, window: int = 128, decode_tokens: int = 8,

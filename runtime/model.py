@@ -84,8 +84,6 @@ class Model:
 
     def __init__(self, path: str | Path, mode: str = "dense", n_ctx: int | None = None,
                  predictor: str | Path | None = None) -> None:
-        import gguf
-
         if mode not in MODES:
             raise UsageError(f"Unknown FFN mode '{mode}'; choose from {', '.join(MODES)}.")
         from aios.errors import ModelNotFoundError
@@ -144,6 +142,10 @@ class Model:
         self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
         self.predictor = None
         self.pred_stats = {"fired": 0, "missed": 0, "predicted": 0, "rows": 0}
+        # predict mode: also compute the true activations of each decode step to count the
+        # predictor's misses (a full gate/up product per layer — off unless asked for, so timed
+        # runs do not pay for it)
+        self.measure_fnr = False
         if mode == "predict":
             from runtime import predictor as P
 
@@ -254,7 +256,7 @@ class Model:
         rows = L.get("kept") if self.mode == "map" else None
         if self.mode == "predict":
             rows = self._predicted_rows(h, layer)
-            if h.shape[0] == 1 and self.counter.enabled:  # decode steps only (prefill reads a union)
+            if self.measure_fnr and h.shape[0] == 1:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
         if "ffn_gate.weight" in L:
             g = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows), hp.activation_threshold)
@@ -282,7 +284,7 @@ class Model:
         return out, nnz
 
     def _score_prediction(self, L: dict, h: np.ndarray, rows: np.ndarray) -> None:
-        """Measure the predictor's false negatives on this input (counter off: not part of the run's bytes)."""
+        """Count the predictor's false negatives on this input (outside the byte counter)."""
         W = L["ffn_gate.weight"] if "ffn_gate.weight" in L else L["ffn_up.weight"]
         thr = float(self.hp.activation_threshold or 0.0) if self.hp.activation == "fatrelu" else 0.0
         fired = W.matmul(h) > thr  # (T, d_ffn), computed outside the byte counter

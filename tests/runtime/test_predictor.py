@@ -57,6 +57,7 @@ def test_predict_with_every_row_equals_dense(relu_gguf, tmp_path):
     ids = list(range(1, 12))
     ref = m.forward(ids, all_logits=True)
     mp = Model(relu_gguf, mode="predict", predictor=f)
+    mp.measure_fnr = True
     assert np.abs(mp.forward(ids, all_logits=True) - ref).max() <= 1e-5
     assert mp.pred_stats["missed"] == 0
 
@@ -64,6 +65,7 @@ def test_predict_with_every_row_equals_dense(relu_gguf, tmp_path):
 def test_predict_bytes_are_exactly_the_rows_read(relu_gguf, fitted):
     _, f = fitted
     m = Model(relu_gguf, mode="predict", predictor=f)
+    m.measure_fnr = True
     m.forward(list(range(1, 9)))
     seen = []
     m.ffn_input_hook = lambda i, h: seen.append(m.predictor.layers[i].predict(h)[0])
