@@ -1,27 +1,388 @@
 """numba kernels: Y[t, i] = Σ_j W[i, j] · X[t, j] over a chosen set of rows, per storage type.
 
-Weights stay in their stored precision and are decoded in registers (F16/BF16 through a
-65536-entry lookup table, Q8_0/Q4_0 block by block), so the bytes a kernel reads are the
-bytes the byte counter reports. Each weight row is read once per call whatever the number
-of tokens T (chunked prefill reuses it across the chunk).
+Weights stay in their stored precision and are decoded in registers (F16/BF16 by the CPU's
+conversion instructions, Q8_0/Q4_0 block by block with the fp16 scales converted 16 at a
+time), so the bytes a kernel reads are the bytes the byte counter reports. Each weight row
+is read once per call whatever the number of tokens T (chunked prefill reuses it across the
+chunk).
 
-Hand-written because no maintained library multiplies GGUF block formats on the CPU
-from Python without dequantizing the whole matrix first (which would triple the traffic).
+Hand-written because no maintained library multiplies GGUF block formats on the CPU from
+Python without dequantizing the whole matrix first (which would triple the traffic), and
+numba alone leaves the vectorization to LLVM's auto-vectorizer, which (measured on this
+project's Ice Lake machine) kept the Q8_0 int8 → float decode scalar and ran one row per
+loop: ~10 GB/s for Q8_0 and ~20 GB/s for F32 against 26 GB/s for OpenBLAS' GEMV.
+
+So the inner loops are LLVM IR intrinsics ("SIMD intrinsics" below) that state the vector
+shapes directly (``<32 x float>`` accumulators, ``<32 x i8>`` loads, 16 fp16 scales
+converted in one instruction), work on four rows at once (the activations are loaded once
+per four rows and four memory streams are in flight; the rows may be any subset, as the
+sparse paths need) and prefetch the next group's rows. LLVM lowers the generic vector
+types to what the CPU has (AVX-512, AVX2, NEON). Rows whose length is not a multiple of 32
+(F32/F16/BF16 only; block formats are whole blocks) take a plain numba loop.
+
+The intrinsics live in this file on purpose: numba's on-disk cache is invalidated by the
+timestamp of the file that defines a kernel only, so intrinsics in another module could
+leave stale compiled kernels behind after an edit.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 QK = 32  # elements per Q8_0 / Q4_0 block
+SPARSE_CHUNKS = 8  # partial sums per sparse down-projection call: balances two to eight threads
 
 LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 LUT_BF16 = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
 
 
+# === SIMD intrinsics ==========================================================================
+# Each is an ``@intrinsic``: usable only inside @njit code, inlined there. Arguments are 1-D
+# C-contiguous arrays (row views) plus counts; the kernels below guarantee the lengths.
+F32 = ir.FloatType()
+HALF = ir.HalfType()
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+V32F = ir.VectorType(F32, 32)
+FAST = ("fast",)
+ROWS = 4  # weight rows per call of the *4 intrinsics
+
+
+# --- IR helpers -------------------------------------------------------------------------
+def _c(ty, v):
+    return ir.Constant(ty, v)
+
+
+def _vload(b, ptr, idx, vt, align):
+    return b.load(b.bitcast(b.gep(ptr, [idx]), vt.as_pointer()), align=align)
+
+
+def _vstore(b, val, ptr, idx, align):
+    b.store(val, b.bitcast(b.gep(ptr, [idx]), val.type.as_pointer()), align=align)
+
+
+def _splat_lane(b, vec, lane, n):
+    """<n x float> filled with vec[lane]."""
+    return b.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined), _c(ir.VectorType(I32, n), [lane] * n))
+
+
+def _splat(b, s, n):
+    vt = ir.VectorType(s.type, n)
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), s, _c(I32, 0))
+    return _splat_lane(b, v, 0, n)
+
+
+def _hsum(b, v):
+    n = v.type.count
+    while n > 1:
+        h = n // 2
+        lo = b.shuffle_vector(v, v, _c(ir.VectorType(I32, h), list(range(h))))
+        hi = b.shuffle_vector(v, v, _c(ir.VectorType(I32, h), list(range(h, n))))
+        v = b.fadd(lo, hi, flags=FAST)
+        n = h
+    return b.extract_element(v, _c(I32, 0))
+
+
+def _prefetch(b, ptr):
+    mod = b.module
+    p8 = I8.as_pointer()
+    fn = mod.globals.get("llvm.prefetch.p0i8")
+    if fn is None:
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, I32, I32, I32]), "llvm.prefetch.p0i8")
+    b.call(fn, [b.bitcast(ptr, p8), _c(I32, 0), _c(I32, 3), _c(I32, 1)])  # read, keep, data
+
+
+def _prefetch_lines(b, ptr, idx, lines):
+    """Prefetch ``lines`` consecutive 64-byte lines starting at ptr[idx]."""
+    p8 = b.bitcast(b.gep(ptr, [idx]), I8.as_pointer())
+    for u in range(lines):
+        _prefetch(b, b.gep(p8, [_c(I32, 64 * u)]))
+
+
+def _loop(b, n, init, body, start=None):
+    """``for i in range(start, n): acc = body(i, acc)`` as a phi loop; returns the final acc.
+
+    ``init`` may be any first-class value (a struct of vectors for several accumulators).
+    """
+    start = _c(n.type, 0) if start is None else start
+    entry = b.basic_block
+    loop = b.append_basic_block("simd.loop")
+    done = b.append_basic_block("simd.done")
+    b.cbranch(b.icmp_signed("<", start, n), loop, done)
+    b.position_at_end(loop)
+    i = b.phi(n.type)
+    acc = b.phi(init.type)
+    new = body(i, acc)
+    i2 = b.add(i, _c(n.type, 1))
+    tail = b.basic_block
+    i.add_incoming(start, entry)
+    i.add_incoming(i2, tail)
+    acc.add_incoming(init, entry)
+    acc.add_incoming(new, tail)
+    b.cbranch(b.icmp_signed("<", i2, n), loop, done)
+    b.position_at_end(done)
+    out = b.phi(init.type)
+    out.add_incoming(init, entry)
+    out.add_incoming(new, tail)
+    return out
+
+
+def _data(context, builder, ty, val):
+    return context.make_array(ty)(context, builder, val).data
+
+
+def _zeros_struct(k):
+    z = _c(V32F, [0.0] * 32)
+    return ir.Constant(ir.LiteralStructType([V32F] * k), [z] * k)
+
+
+def _accumulate(b, accs, j, val):
+    return b.insert_value(accs, b.fadd(b.extract_value(accs, j), val, flags=FAST), j)
+
+
+# --- float rows: F32, F16 and BF16 elements, 32 at a time as <32 x float> ---------------------
+def _f32_vec(b, ptr, off):
+    return _vload(b, ptr, off, V32F, 4)
+
+
+def _f16_vec(b, ptr, off):
+    bits = _vload(b, ptr, off, ir.VectorType(I16, 32), 2)
+    return b.fpext(b.bitcast(bits, ir.VectorType(HALF, 32)), V32F)
+
+
+def _bf16_vec(b, ptr, off):  # bfloat16 is the top half of a float32
+    bits = b.zext(_vload(b, ptr, off, ir.VectorType(I16, 32), 2), ir.VectorType(I32, 32))
+    return b.bitcast(b.shl(bits, _c(bits.type, [16] * 32)), V32F)
+
+
+_FLOAT_ROWS = {"f32": (_f32_vec, 2), "f16": (_f16_vec, 1), "bf16": (_bf16_vec, 1)}  # decoder, lines / 32
+
+
+def _dot4_codegen(kind):
+    load, lines = _FLOAT_ROWS[kind]
+
+    def codegen(context, builder, sig, args):
+        # args: w0..w3 (rows), p0..p3 (rows to prefetch), x, n (multiple of 32)
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        x = _data(context, builder, sig.args[2 * ROWS], args[2 * ROWS])
+        n = args[2 * ROWS + 1]
+
+        def body(i, accs):
+            off = builder.mul(i, _c(n.type, 32))
+            xv = _vload(builder, x, off, V32F, 4)
+            for j in range(ROWS):
+                _prefetch_lines(builder, ps[j], off, lines)
+                accs = _accumulate(builder, accs, j, builder.fmul(load(builder, ws[j], off), xv, flags=FAST))
+            return accs
+
+        accs = _loop(builder, builder.sdiv(n, _c(n.type, 32)), _zeros_struct(ROWS), body)
+        return context.make_tuple(builder, sig.return_type,
+                                  [_hsum(builder, builder.extract_value(accs, j)) for j in range(ROWS)])
+
+    return codegen
+
+
+def _dot4(kind):
+    gen = _dot4_codegen(kind)
+
+    def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, x, n):
+        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, x, n), gen
+
+    typer.__name__ = f"dot4_{kind}"
+    return intrinsic(typer)
+
+
+# (w0·x, w1·x, w2·x, w3·x) over n values (a multiple of 32); rows p0..p3 are prefetched
+dot4_f32, dot4_f16, dot4_bf16 = _dot4("f32"), _dot4("f16"), _dot4("bf16")
+
+
+def _axpy4_codegen(kind):
+    load, lines = _FLOAT_ROWS[kind]
+
+    def codegen(context, builder, sig, args):
+        # args: y, w0..w3, a (4-tuple of float32), p0..p3, n (multiple of 32): y += Σ a_j w_j
+        y = _data(context, builder, sig.args[0], args[0])
+        ws = [_data(context, builder, sig.args[1 + j], args[1 + j]) for j in range(ROWS)]
+        coef = [_splat(builder, builder.extract_value(args[1 + ROWS], j), 32) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[2 + ROWS + j], args[2 + ROWS + j]) for j in range(ROWS)]
+        n = args[2 + 2 * ROWS]
+
+        def body(i, carry):
+            off = builder.mul(i, _c(n.type, 32))
+            acc = _vload(builder, y, off, V32F, 4)
+            for j in range(ROWS):
+                _prefetch_lines(builder, ps[j], off, lines)
+                acc = builder.fadd(acc, builder.fmul(load(builder, ws[j], off), coef[j], flags=FAST), flags=FAST)
+            _vstore(builder, acc, y, off, 4)
+            return carry
+
+        _loop(builder, builder.sdiv(n, _c(n.type, 32)), _c(I32, 0), body)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _axpy4(kind):
+    gen = _axpy4_codegen(kind)
+
+    def typer(typingctx, y, w0, w1, w2, w3, a, p0, p1, p2, p3, n):
+        return types.void(y, w0, w1, w2, w3, a, p0, p1, p2, p3, n), gen
+
+    typer.__name__ = f"axpy4_{kind}"
+    return intrinsic(typer)
+
+
+# y[:n] += a[0]·w0 + a[1]·w1 + a[2]·w2 + a[3]·w3 (n a multiple of 32); rows p0..p3 prefetched
+axpy4_f32, axpy4_f16, axpy4_bf16 = _axpy4("f32"), _axpy4("f16"), _axpy4("bf16")
+
+
+# --- block formats: Q8_0 and Q4_0, one 32-value block as <32 x float> ------------------------
+def _q8_0_block(b, q, blk):
+    return b.sitofp(_vload(b, q, b.mul(blk, _c(blk.type, 32)), ir.VectorType(I8, 32), 1), V32F)
+
+
+def _q4_0_block(b, q, blk):
+    packed = _vload(b, q, b.mul(blk, _c(blk.type, 16)), ir.VectorType(I8, 16), 1)
+    lo = b.and_(packed, _c(packed.type, [15] * 16))
+    hi = b.lshr(packed, _c(packed.type, [4] * 16))
+    both = b.shuffle_vector(lo, hi, _c(ir.VectorType(I32, 32), list(range(32))))  # elements 0-15, 16-31
+    return b.sitofp(b.sub(both, _c(both.type, [8] * 32)), V32F)
+
+
+_DECODERS = {"q8_0": _q8_0_block, "q4_0": _q4_0_block}
+
+
+def _dot4_block_codegen(fmt):
+    decode = _DECODERS[fmt]
+
+    def codegen(context, builder, sig, args):
+        # args: q0..q3, d0..d3 (fp16 bits per block), p0..p3 (quant rows to prefetch), x, nb
+        qs = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ds = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[2 * ROWS + j], args[2 * ROWS + j]) for j in range(ROWS)]
+        x = _data(context, builder, sig.args[3 * ROWS], args[3 * ROWS])
+        nb = args[3 * ROWS + 1]
+        ity = nb.type
+        c16 = _c(ity, 16)
+        row_bytes_per_block = 32 if fmt == "q8_0" else 16
+
+        def step(blk, accs, scale_of):
+            xv = _vload(builder, x, builder.mul(blk, _c(ity, 32)), V32F, 4)
+            for j in range(ROWS):
+                p = builder.fmul(decode(builder, qs[j], blk), xv, flags=FAST)
+                accs = _accumulate(builder, accs, j, builder.fmul(p, scale_of(j), flags=FAST))
+            return accs
+
+        # 16 blocks at a time: their 16 fp16 scales per row convert in one vector instruction
+        def chunk(c, accs):
+            b0 = builder.mul(c, c16)
+            for j in range(ROWS):  # the chunk's quants: 512 (Q8_0) or 256 (Q4_0) bytes
+                _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, row_bytes_per_block)), row_bytes_per_block // 4)
+            sv = [builder.fpext(builder.bitcast(_vload(builder, ds[j], b0, ir.VectorType(I16, 16), 2),
+                                                ir.VectorType(HALF, 16)), ir.VectorType(F32, 16))
+                  for j in range(ROWS)]
+            for u in range(16):
+                accs = step(builder.add(b0, _c(ity, u)), accs, lambda j, u=u: _splat_lane(builder, sv[j], u, 32))
+            return accs
+
+        nchunk = builder.sdiv(nb, c16)
+        accs = _loop(builder, nchunk, _zeros_struct(ROWS), chunk)
+
+        def tail(blk, accs):  # the last nb % 16 blocks, scales one by one
+            def scale(j):
+                s = builder.bitcast(builder.load(builder.gep(ds[j], [blk])), HALF)
+                return _splat(builder, builder.fpext(s, F32), 32)
+            return step(blk, accs, scale)
+
+        accs = _loop(builder, nb, accs, tail, start=builder.mul(nchunk, c16))
+        return context.make_tuple(builder, sig.return_type, [_hsum(builder, builder.extract_value(accs, j)) for j in range(ROWS)])
+
+    return codegen
+
+
+def _dot4_block(fmt):
+    gen = _dot4_block_codegen(fmt)
+
+    def typer(typingctx, q0, q1, q2, q3, d0, d1, d2, d3, p0, p1, p2, p3, x, nb):
+        sig = types.UniTuple(types.float32, ROWS)(q0, q1, q2, q3, d0, d1, d2, d3, p0, p1, p2, p3, x, nb)
+        return sig, gen
+
+    typer.__name__ = f"dot4_{fmt}"
+    return intrinsic(typer)
+
+
+dot4_q8_0 = _dot4_block("q8_0")
+dot4_q8_0.__doc__ = "Four Q8_0 rows (int8 quants, fp16 scale bits) · x over nb blocks; p0..p3 prefetched."
+dot4_q4_0 = _dot4_block("q4_0")
+dot4_q4_0.__doc__ = "Four Q4_0 rows (packed nibbles as in GGUF, fp16 scale bits) · x over nb blocks."
+
+
+# === kernels ====================================================================================
+
+
+# --- row groups ------------------------------------------------------------------------------
+@njit(fastmath=True, cache=True, inline="always")
+def _group(rows, g):
+    """The 4 row indices of group g (repeating the last row past the end)."""
+    last = rows.shape[0] - 1
+    b = 4 * g
+    return rows[min(b, last)], rows[min(b + 1, last)], rows[min(b + 2, last)], rows[min(b + 3, last)]
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _store4(Y, t, rows, g, y):
+    b = 4 * g
+    for u in range(4):
+        if b + u < rows.shape[0]:
+            Y[t, rows[b + u]] = y[u]
+
+
+# --- dense rows: F32, F16, BF16 ---------------------------------------------------------------
 @njit(parallel=True, fastmath=True, cache=True)
 def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64; Y (T, n)
+    T, k = X.shape
+    if k % 32:
+        _mm_f32_rows(W, X, rows, Y)
+        return
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)  # the next group's rows, prefetched
+        for t in range(T):
+            _store4(Y, t, rows, g, dot4_f32(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k))
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_f16(W, X, rows, Y):  # W (n, k) uint16 holding IEEE half bits
+    T, k = X.shape
+    if k % 32:
+        _mm_lut_rows(W, LUT_F16, X, rows, Y)
+        return
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            _store4(Y, t, rows, g, dot4_f16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k))
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_bf16(W, X, rows, Y):  # W (n, k) uint16 holding bfloat16 bits
+    T, k = X.shape
+    if k % 32:
+        _mm_lut_rows(W, LUT_BF16, X, rows, Y)
+        return
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            _store4(Y, t, rows, g, dot4_bf16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k))
+
+
+# rows whose length is not a multiple of 32: one row at a time, vectorized by LLVM alone
+@njit(parallel=True, fastmath=True, cache=True)
+def _mm_f32_rows(W, X, rows, Y):
     T, k = X.shape
     for ii in prange(rows.shape[0]):
         i = rows[ii]
@@ -33,7 +394,7 @@ def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64; Y (T, n)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def mm_u16(W, lut, X, rows, Y):  # W (n, k) uint16 (F16 or BF16 bits)
+def _mm_lut_rows(W, lut, X, rows, Y):  # W uint16 bits decoded through a 65536-entry table
     T, k = X.shape
     for ii in prange(rows.shape[0]):
         i = rows[ii]
@@ -44,82 +405,135 @@ def mm_u16(W, lut, X, rows, Y):  # W (n, k) uint16 (F16 or BF16 bits)
             Y[t, i] = acc
 
 
-# Block kernels keep 32 independent partial sums (one per lane of a block) instead of one
-# running sum: the lanes carry no dependency, so LLVM vectorizes the int8 → f32 decode and
-# the multiply-add across them (about 7× faster than a scalar reduction per block).
-
-
+# --- block formats: Q8_0, Q4_0 (``lut`` is unused, kept for the callers' signature) -----------
 @njit(parallel=True, fastmath=True, cache=True)
 def mm_q8_0(qs, d, lut, X, rows, Y):  # qs (n, k) int8; d (n, k/32) fp16 bits (uint16)
     T, k = X.shape
     nb = k // 32
-    for ii in prange(rows.shape[0]):
-        i = rows[ii]
-        q = qs[i].reshape(nb, 32)
-        di = d[i]
-        lanes = np.zeros(32, np.float32)
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
         for t in range(T):
-            x = X[t].reshape(nb, 32)
-            lanes[:] = 0
-            for b in range(nb):
-                qb = q[b]
-                xb = x[b]
-                sc = lut[di[b]]
-                for u in range(32):
-                    lanes[u] += np.float32(qb[u]) * sc * xb[u]
-            Y[t, i] = lanes.sum()
+            y = dot4_q8_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
+                            qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+            _store4(Y, t, rows, g, y)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (n, k/32) fp16 bits
     T, k = X.shape
     nb = k // 32
-    for ii in prange(rows.shape[0]):
-        i = rows[ii]
-        q = qs[i].reshape(nb, 16)
-        di = d[i]
-        lanes = np.zeros(32, np.float32)
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
         for t in range(T):
-            x = X[t].reshape(nb, 32)
-            lanes[:] = 0
-            for b in range(nb):
-                qb = q[b]
-                xb = x[b]
-                sc = lut[di[b]]
-                for u in range(16):
-                    byte = np.int32(qb[u])
-                    lanes[u] += np.float32((byte & 15) - 8) * sc * xb[u]
-                    lanes[u + 16] += np.float32((byte >> 4) - 8) * sc * xb[u + 16]
-            Y[t, i] = lanes.sum()
+            y = dot4_q4_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
+                            qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+            _store4(Y, t, rows, g, y)
+
+
+# --- sparse down projection: y = Σ_{j∈active} a[j]·Wt[j, :] over row-contiguous Wᵀ -------------
+# The active rows are split between chunks, each adding whole (contiguous) rows four at a time
+# into its own partial y while the next four rows are prefetched; the partials are summed.
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _coef(a, j0, j1, j2, j3, cnt):
+    z = np.float32(0.0)
+    return a[j0], a[j1] if cnt > 1 else z, a[j2] if cnt > 2 else z, a[j3] if cnt > 3 else z
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _sum_parts(part, y):
+    for col in range(y.shape[0]):
+        y[col] = 0.0
+    for c in range(part.shape[0]):
+        for col in range(y.shape[0]):
+            y[col] += part[c, col]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def sparse_rows_f32(Wt, a, active, y):  # Wt (d_ffn, n) f32; y[c] = Σ_{j∈active} a[j]·Wt[j, c]
+def sparse_rows_f32(Wt, a, active, y):  # Wt (d_ffn, n) f32
+    n, r = Wt.shape[1], active.shape[0]
+    if n % 32:
+        _sparse_f32_cols(Wt, a, active, y)
+        return
+    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
+    part = np.zeros((nch, n), np.float32)
+    step = (r + nch - 1) // nch
+    for c in prange(nch):
+        lo, hi = c * step, min(r, (c + 1) * step)
+        act = active[lo:hi]
+        for g in range((hi - lo + 3) // 4):
+            j0, j1, j2, j3 = _group(act, g)
+            n0, n1, n2, n3 = _group(act, g + 1)
+            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
+            axpy4_f32(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
+    _sum_parts(part, y)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def sparse_rows_f16(Wt, a, active, y):  # Wt (d_ffn, n) uint16 holding IEEE half bits
+    n, r = Wt.shape[1], active.shape[0]
+    if n % 32:
+        _sparse_lut_cols(Wt, LUT_F16, a, active, y)
+        return
+    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
+    part = np.zeros((nch, n), np.float32)
+    step = (r + nch - 1) // nch
+    for c in prange(nch):
+        lo, hi = c * step, min(r, (c + 1) * step)
+        act = active[lo:hi]
+        for g in range((hi - lo + 3) // 4):
+            j0, j1, j2, j3 = _group(act, g)
+            n0, n1, n2, n3 = _group(act, g + 1)
+            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
+            axpy4_f16(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
+    _sum_parts(part, y)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def sparse_rows_bf16(Wt, a, active, y):  # Wt (d_ffn, n) uint16 holding bfloat16 bits
+    n, r = Wt.shape[1], active.shape[0]
+    if n % 32:
+        _sparse_lut_cols(Wt, LUT_BF16, a, active, y)
+        return
+    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
+    part = np.zeros((nch, n), np.float32)
+    step = (r + nch - 1) // nch
+    for c in prange(nch):
+        lo, hi = c * step, min(r, (c + 1) * step)
+        act = active[lo:hi]
+        for g in range((hi - lo + 3) // 4):
+            j0, j1, j2, j3 = _group(act, g)
+            n0, n1, n2, n3 = _group(act, g + 1)
+            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
+            axpy4_bf16(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
+    _sum_parts(part, y)
+
+
+# rows whose length is not a multiple of 32: columns in chunks of 256, one thread per chunk
+@njit(parallel=True, fastmath=True, cache=True)
+def _sparse_f32_cols(Wt, a, active, y):
     n = Wt.shape[1]
-    nchunks = (n + 255) // 256
-    for c in prange(nchunks):
-        c0 = c * 256
-        c1 = min(n, c0 + 256)
+    for c in prange((n + 255) // 256):
+        c0, c1 = c * 256, min(n, c * 256 + 256)
         for col in range(c0, c1):
             y[col] = 0.0
         for jj in range(active.shape[0]):
             j = active[jj]
-            aj = a[j]
             for col in range(c0, c1):
-                y[col] += aj * Wt[j, col]
+                y[col] += a[j] * Wt[j, col]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def sparse_rows_u16(Wt, lut, a, active, y):  # Wt (d_ffn, n) uint16
+def _sparse_lut_cols(Wt, lut, a, active, y):
     n = Wt.shape[1]
-    nchunks = (n + 255) // 256
-    for c in prange(nchunks):
-        c0 = c * 256
-        c1 = min(n, c0 + 256)
+    for c in prange((n + 255) // 256):
+        c0, c1 = c * 256, min(n, c * 256 + 256)
         for col in range(c0, c1):
             y[col] = 0.0
         for jj in range(active.shape[0]):
             j = active[jj]
-            aj = a[j]
             for col in range(c0, c1):
-                y[col] += aj * lut[Wt[j, col]]
+                y[col] += a[j] * lut[Wt[j, col]]

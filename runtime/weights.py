@@ -76,9 +76,9 @@ class Matrix:
         if self.kind == "F32":
             K.mm_f32(self.data, X, r, Y)
         elif self.kind == "F16":
-            K.mm_u16(self.data, K.LUT_F16, X, r, Y)
+            K.mm_f16(self.data, X, r, Y)
         elif self.kind == "BF16":
-            K.mm_u16(self.data, K.LUT_BF16, X, r, Y)
+            K.mm_bf16(self.data, X, r, Y)
         elif self.kind == "Q8_0":
             K.mm_q8_0(self.data, self.scales, K.LUT_F16, X, r, Y)
         elif self.kind == "Q4_0":
@@ -132,9 +132,10 @@ class TransposedMatrix:
         y = np.empty(self.data.shape[1], np.float32)
         if self.kind == "F32":
             K.sparse_rows_f32(self.data, a, active, y)
+        elif self.kind == "F16":
+            K.sparse_rows_f16(self.data, a, active, y)
         else:
-            lut = K.LUT_F16 if self.kind == "F16" else K.LUT_BF16
-            K.sparse_rows_u16(self.data, lut, a, active, y)
+            K.sparse_rows_bf16(self.data, a, active, y)
         return y
 
 

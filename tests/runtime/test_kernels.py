@@ -1,0 +1,107 @@
+"""The SIMD kernels against float64 references, on shapes that reach every code path.
+
+Paths: four-row groups and a partial last group (row counts 1..9), rows in any order and
+repeated, several tokens, row lengths that are and are not multiples of 32 (the plain
+fallbacks), Q8_0/Q4_0 rows whose block count is and is not a multiple of 16 (the scale
+vector path and the one-by-one tail), sparse sums with no, one and many active rows.
+Quantized references decode the stored bits independently of the kernels (gguf-py's own
+dequantizer for the GGUF block bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, dequantize, quantize
+
+from runtime import kernels as K
+
+RNG = np.random.default_rng(7)
+
+
+def _ref(W: np.ndarray, X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    Y = np.zeros((X.shape[0], W.shape[0]), np.float64)
+    Y[:, rows] = X.astype(np.float64) @ W[rows].astype(np.float64).T
+    return Y
+
+
+def _tol(W: np.ndarray, X: np.ndarray) -> float:
+    # float32 accumulation in a different order than the float64 reference
+    return 1e-5 * float(np.abs(W).max() * np.abs(X).max() * W.shape[1]) + 1e-6
+
+
+def _rows(n: int) -> list[np.ndarray]:
+    return [np.arange(n), np.arange(n)[::-1].copy(), np.array([n - 1]), RNG.permutation(n)[: max(1, n // 2)],
+            np.array([0, 0, n - 1, 0, n - 1])]
+
+
+def _float_bits(W: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """(stored array, the float32 values it decodes to) for F32/F16/BF16."""
+    if kind == "f32":
+        return W, W
+    if kind == "f16":
+        h = W.astype(np.float16)
+        return h.view(np.uint16), h.astype(np.float32)
+    b = (W.view(np.uint32) >> 16).astype(np.uint16)
+    return b, (b.astype(np.uint32) << 16).view(np.float32)
+
+
+MM = {"f32": K.mm_f32, "f16": K.mm_f16, "bf16": K.mm_bf16}
+SPARSE = {"f32": K.sparse_rows_f32, "f16": K.sparse_rows_f16, "bf16": K.sparse_rows_bf16}
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("n,k,T", [(1, 32, 1), (5, 64, 1), (9, 96, 3), (13, 2048, 2), (6, 33, 2), (3, 100, 1)])
+def test_float_rows_match_reference(kind: str, n: int, k: int, T: int) -> None:
+    stored, W = _float_bits(RNG.standard_normal((n, k), dtype=np.float32), kind)
+    X = RNG.standard_normal((T, k), dtype=np.float32)
+    for rows in _rows(n):
+        Y = np.full((T, n), np.nan, np.float32)
+        Y[:, np.setdiff1d(np.arange(n), rows)] = 0
+        MM[kind](stored, X, rows.astype(np.int64), Y)
+        np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
+
+
+def _q(kind: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(quants, fp16 scale bits, dequantized values) split the way runtime.weights does."""
+    qt = GGMLQuantizationType.Q8_0 if kind == "q8_0" else GGMLQuantizationType.Q4_0
+    raw = quantize(RNG.standard_normal((n, k), dtype=np.float32) * 0.1, qt)
+    W = dequantize(raw, qt).reshape(n, k)
+    blk = 34 if kind == "q8_0" else 18
+    b = raw.reshape(n, k // 32, blk)
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.uint16).reshape(n, k // 32)
+    qs = np.ascontiguousarray(b[:, :, 2:]).reshape(n, -1)
+    return (qs.view(np.int8) if kind == "q8_0" else qs), d, W
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("n,nb,T", [(1, 1, 1), (7, 15, 1), (4, 16, 2), (9, 17, 1), (6, 64, 3), (5, 67, 1)])
+def test_block_rows_match_gguf_dequantize(kind: str, n: int, nb: int, T: int) -> None:
+    qs, d, W = _q(kind, n, 32 * nb)
+    X = RNG.standard_normal((T, 32 * nb), dtype=np.float32)
+    fn = K.mm_q8_0 if kind == "q8_0" else K.mm_q4_0
+    for rows in _rows(n):
+        Y = np.zeros((T, n), np.float32)
+        fn(qs, d, K.LUT_F16, X, rows.astype(np.int64), Y)
+        np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("d_ffn,n", [(352, 128), (64, 2048), (40, 33)])
+def test_sparse_rows_match_reference(kind: str, d_ffn: int, n: int) -> None:
+    stored, W = _float_bits(RNG.standard_normal((d_ffn, n), dtype=np.float32), kind)
+    a = RNG.standard_normal(d_ffn).astype(np.float32)
+    for active in ([], [d_ffn - 1], [3, 1, 2], list(range(0, d_ffn, 3)), list(range(d_ffn))):
+        act = np.asarray(active, np.int64)
+        y = np.full(n, np.nan, np.float32)
+        SPARSE[kind](stored, a, act, y)
+        ref = a[act].astype(np.float64) @ W[act].astype(np.float64) if len(act) else np.zeros(n)
+        np.testing.assert_allclose(y, ref, atol=1e-5 * np.abs(W).max() * max(1, len(act)), rtol=0)
+
+
+def test_rows_outside_the_selection_are_not_written() -> None:
+    W = RNG.standard_normal((10, 64), dtype=np.float32)
+    Y = np.full((1, 10), 123.0, np.float32)
+    K.mm_f32(W, RNG.standard_normal((1, 64), dtype=np.float32), np.array([2, 5, 7], np.int64), Y)
+    assert (Y[0, [0, 1, 3, 4, 6, 8, 9]] == 123.0).all()
+    assert (Y[0, [2, 5, 7]] != 123.0).all()
