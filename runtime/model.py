@@ -27,7 +27,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION
-from runtime import gguf_checks
+from runtime import gguf_checks, ops
 from runtime.accounting import ByteCounter
 from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
 
@@ -41,6 +41,7 @@ LAYER_HOOKS: list = []
 MODES = ("dense", "sparse", "map", "predict")
 LOSSY_MODES = ("map", "predict")
 F32 = 4
+_NO_BIAS = np.zeros(0, np.float32)  # layer_norm without a bias
 
 
 @dataclass(frozen=True)
@@ -198,29 +199,15 @@ class Model:
         return y
 
     def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-        eps = self.hp.norm_eps
+        x = np.ascontiguousarray(x, dtype=np.float32)
         if self.hp.arch == "falcon":
-            mu = x.mean(-1, keepdims=True)
-            var = ((x - mu) ** 2).mean(-1, keepdims=True)
-            y = (x - mu) / np.sqrt(var + eps) * w
-            return (y + b if b is not None else y).astype(np.float32)
-        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
+            return ops.layer_norm(x, w, _NO_BIAS if b is None else b, self.hp.norm_eps)
+        return ops.rms_norm(x, w, self.hp.norm_eps)
 
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:  # x (T, H, hd)
-        hp = self.hp
-        ang = positions[:, None].astype(np.float64) * self._inv_freq[None, :]  # (T, rd/2)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-        out = x.astype(np.float64).copy()
-        rd = hp.rope_dims
-        if hp.arch == "falcon":  # NeoX: pairs (i, i + rd/2)
-            a, b = x[..., : rd // 2], x[..., rd // 2 : rd]
-            out[..., : rd // 2] = a * cos - b * sin
-            out[..., rd // 2 : rd] = b * cos + a * sin
-        else:  # llama.cpp "normal": adjacent pairs (2i, 2i+1) on permuted q/k
-            a, b = x[..., 0:rd:2], x[..., 1:rd:2]
-            out[..., 0:rd:2] = a * cos - b * sin
-            out[..., 1:rd:2] = b * cos + a * sin
-        return out.astype(np.float32)
+        x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
+        ops.rope(x, positions.astype(np.float64), self._inv_freq, self.hp.arch == "falcon")
+        return x
 
     def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
         hp, T = self.hp, q.shape[0]
@@ -228,21 +215,10 @@ class Model:
         self.k_cache[layer, p0 : p0 + T] = k
         self.v_cache[layer, p0 : p0 + T] = v
         n = p0 + T
-        K = self.k_cache[layer, :n]  # (n, n_kv, hd)
-        V = self.v_cache[layer, :n]
         kv_row = hp.n_kv * hp.head_dim * F32
         self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
         self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
-        group = hp.n_heads // hp.n_kv
-        qh = q.reshape(T, hp.n_kv, group, hp.head_dim)
-        scores = np.einsum("tkgd,nkd->kgtn", qh, K) / math.sqrt(hp.head_dim)  # (n_kv, g, T, n)
-        mask = np.arange(n)[None, :] > positions[:, None]  # (T, n) future positions
-        scores = np.where(mask[None, None], -np.inf, scores)
-        scores = scores - scores.max(-1, keepdims=True)
-        w = np.exp(scores)
-        w /= w.sum(-1, keepdims=True)
-        out = np.einsum("kgtn,nkd->tkgd", w, V).reshape(T, hp.n_heads * hp.head_dim)
-        return out.astype(np.float32)
+        return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0)
 
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:
         p = self.predictor.layers[layer]

@@ -1,0 +1,94 @@
+"""The forward pass's small operations (norms, RoPE, attention) as numba kernels.
+
+They touch kilobytes per token, but as numpy expressions they cost ~20 small array
+operations per layer and ~3 ms per decoded token (measured: 7 % of a 1 GB f32 decode step,
+25 % of a Q8_0 one), time in which no weight is read. Sums are accumulated in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True)
+def rms_norm(x, w, eps):  # x (T, d) f32, w (d,) f32 -> (T, d) f32
+    T, d = x.shape
+    out = np.empty((T, d), np.float32)
+    for t in range(T):
+        ss = 0.0
+        for j in range(d):
+            ss += np.float64(x[t, j]) * x[t, j]
+        r = 1.0 / math.sqrt(ss / d + eps)
+        for j in range(d):
+            out[t, j] = x[t, j] * r * w[j]
+    return out
+
+
+@njit(cache=True)
+def layer_norm(x, w, b, eps):  # b may be an empty array (no bias)
+    T, d = x.shape
+    out = np.empty((T, d), np.float32)
+    for t in range(T):
+        mu = 0.0
+        for j in range(d):
+            mu += x[t, j]
+        mu /= d
+        var = 0.0
+        for j in range(d):
+            var += (x[t, j] - mu) ** 2
+        r = 1.0 / math.sqrt(var / d + eps)
+        for j in range(d):
+            y = (x[t, j] - mu) * r * w[j]
+            out[t, j] = y + b[j] if b.shape[0] else y
+    return out
+
+
+@njit(cache=True)
+def rope(x, positions, inv_freq, neox):  # x (T, H, hd) f32, rotated in place on the first 2·len(inv_freq) dims
+    T, H, _ = x.shape
+    half = inv_freq.shape[0]
+    for t in range(T):
+        for i in range(half):
+            ang = positions[t] * inv_freq[i]
+            c, s = math.cos(ang), math.sin(ang)
+            for h in range(H):
+                # NeoX (falcon) pairs (i, i + half); llama.cpp "normal" pairs (2i, 2i + 1)
+                ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                a, b = np.float64(x[t, h, ia]), np.float64(x[t, h, ib])
+                x[t, h, ia] = a * c - b * s
+                x[t, h, ib] = b * c + a * s
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def attention(q, K, V, p0):  # q (T, Hq, hd); K, V (n, Hkv, hd) with n = p0 + T; causal
+    T, Hq, hd = q.shape
+    group = Hq // K.shape[1]
+    scale = 1.0 / math.sqrt(hd)
+    out = np.empty((T, Hq * hd), np.float32)
+    for th in prange(T * Hq):
+        t, h = th // Hq, th % Hq
+        kv = h // group
+        m = p0 + t + 1  # keys 0 .. p0 + t
+        s = np.empty(m, np.float64)
+        top = -np.inf
+        for j in range(m):
+            acc = np.float32(0.0)
+            for d in range(hd):
+                acc += q[t, h, d] * K[j, kv, d]
+            s[j] = acc * scale
+            top = max(top, s[j])
+        tot = 0.0
+        for j in range(m):
+            s[j] = math.exp(s[j] - top)
+            tot += s[j]
+        o = np.zeros(hd, np.float64)
+        for j in range(m):
+            wj = s[j] / tot
+            for d in range(hd):
+                o[d] += wj * V[j, kv, d]
+        for d in range(hd):
+            out[t, h * hd + d] = o[d]
+    return out

@@ -1,0 +1,64 @@
+"""runtime.ops against direct numpy formulas (float64), including GQA and a cached prefix."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from runtime import ops
+
+RNG = np.random.default_rng(3)
+
+
+def test_rms_norm() -> None:
+    x = RNG.standard_normal((3, 96), dtype=np.float32) * 5
+    w = RNG.standard_normal(96, dtype=np.float32)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(ops.rms_norm(x, w, 1e-5), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm(bias: bool) -> None:
+    x = RNG.standard_normal((2, 64), dtype=np.float32) + 3
+    w, b = RNG.standard_normal(64, dtype=np.float32), RNG.standard_normal(64, dtype=np.float32)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + (b if bias else 0)
+    got = ops.layer_norm(x, w, b if bias else np.zeros(0, np.float32), 1e-5)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_rotates_the_documented_pairs(neox: bool) -> None:
+    T, H, hd, rd = 3, 2, 16, 8  # partial rotary: dims rd..hd stay as they are
+    x = RNG.standard_normal((T, H, hd), dtype=np.float32)
+    pos = np.array([0.0, 5.0, 17.0])
+    inv = 10000.0 ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
+    ref = x.astype(np.float64).copy()
+    for t in range(T):
+        for i in range(rd // 2):
+            a_i, b_i = (i, i + rd // 2) if neox else (2 * i, 2 * i + 1)
+            c, s = math.cos(pos[t] * inv[i]), math.sin(pos[t] * inv[i])
+            a, b = x[t, :, a_i].astype(np.float64), x[t, :, b_i].astype(np.float64)
+            ref[t, :, a_i], ref[t, :, b_i] = a * c - b * s, b * c + a * s
+    got = x.copy()
+    ops.rope(got, pos, inv, neox)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    assert (got[:, :, rd:] == x[:, :, rd:]).all()
+
+
+@pytest.mark.parametrize("T,p0,Hq,Hkv", [(1, 0, 4, 4), (1, 9, 8, 2), (4, 0, 4, 1), (3, 5, 6, 3)])
+def test_attention_causal_gqa(T: int, p0: int, Hq: int, Hkv: int) -> None:
+    hd, n = 8, p0 + T
+    q = RNG.standard_normal((T, Hq, hd), dtype=np.float32)
+    K = RNG.standard_normal((n, Hkv, hd), dtype=np.float32)
+    V = RNG.standard_normal((n, Hkv, hd), dtype=np.float32)
+    ref = np.zeros((T, Hq * hd))
+    for t in range(T):
+        for h in range(Hq):
+            kv = h // (Hq // Hkv)
+            s = K[: p0 + t + 1, kv].astype(np.float64) @ q[t, h] / math.sqrt(hd)
+            w = np.exp(s - s.max())
+            ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ V[: p0 + t + 1, kv]
+    np.testing.assert_allclose(ops.attention(q, K, V, p0), ref, rtol=1e-5, atol=1e-5)
