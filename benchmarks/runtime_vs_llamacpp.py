@@ -255,6 +255,7 @@ def main() -> None:
         sp = Ours(relu, "sparse")
         p = paired(sp, lr, n, R)
         out["relu_ffn_exact_zero_fraction"] = round(1 - p["a"]["ffn_density"], 4)
+        out["sparse_weight_bytes_per_token"] = int(p["a"]["weight_bytes_per_token"])
         out["ours_sparse_tok_s"], out["llamacpp_dense_same_weights_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
         out["ratios_ours_sparse_over_llamacpp_dense"], out["ratio_ours_sparse_over_llamacpp_dense"] = p["ratios"], p["ratio"]
         del sp
