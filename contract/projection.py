@@ -7,7 +7,10 @@ runtime (aios-run bench) measures the real figure.
     weights  = Σ tensors read per token (embedding: one row; LM head: whole matrix)
     sparse   : FFN down rows of zero activations are skipped  → down × (1 − s);
                gated FFN: up rows too (gate computed first)   → up × (1 − s)
-    aliasing : core-zone shareable bytes × (1 − aliasing ratio)
+    aliasing : core-zone shareable bytes × (1 − aliasing ratio); an already aliased model
+               (aios-convert alias) is baselined on its de-aliased bytes, each member matrix
+               counted as stored alone, and its members outside the core zone projected at
+               their stored share (canonical / k + delta)
     KV       = L × H_kv × d_head × C × 4 bytes at context C
 """
 
@@ -35,6 +38,9 @@ def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
     if handle.has_weights:
         by_hf: dict[str, tuple[str, float]] = {}
         inv = {t.name: t for t in handle.tensor_inventory()}
+        aliased = _alias_members(handle, roles, core_names, ffn)
+        for name in aliased:
+            inv.pop(name, None)
         for i in range(f.n_layers):
             for role, rel in ffn.items():
                 if rel:
@@ -81,6 +87,34 @@ def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
     return dict(roles), "parameter counts from config × 2 bytes (no weights on this machine)"
 
 
+def _alias_members(handle: ModelHandle, roles: dict[str, float], core_names: set[str], ffn: dict) -> set[str]:
+    """Add an aliased model's member matrices to ``roles`` at their stand-alone bytes.
+
+    The stored canonical and delta tensors would otherwise count as "other" bytes and the
+    projection would baseline the model on its own (already shared) bytes: 0 % saving. Each
+    member goes to the bucket its un-aliased matrix would (``core:<role>`` or ``<role>``)
+    and, outside the core zone (whose saving the R3 ratio carries), its stored saving is
+    recorded under ``alias_saved:<bucket>``. Returns the stored tensor names consumed.
+    """
+    from aios.models import alias_format as AF
+
+    groups = AF.groups_of(handle)
+    if not groups:
+        return set()
+    arch = handle.arch
+    role_of = {rel + ".weight": role for role, rel in ffn.items() if rel}
+    for rec in AF.ratio_of(handle, groups).per_member:
+        role = role_of.get(rec["type"], "other")
+        core = arch.block(rec["layer"], rec["type"]) in core_names
+        bucket = f"core:{role}" if core else role
+        roles[bucket] += rec["bytes_alone"]
+        if core:
+            roles["core_shareable"] += rec["bytes_alone"]
+        else:
+            roles[f"alias_saved:{bucket}"] += rec["saved"]
+    return AF.stored_alias_names(groups)
+
+
 def project(handle: ModelHandle, results: dict[str, RequirementResult], context: int, tier: str) -> Projection:
     f = handle.facts
     roles, basis = weight_bytes_by_role(handle)
@@ -100,7 +134,11 @@ def project(handle: ModelHandle, results: dict[str, RequirementResult], context:
 
     sparse_roles = ["ffn_down"] + (["ffn_up"] if f.gated_ffn else [])
     ffn_base = sum(g(r) for r in ("ffn_up", "ffn_gate", "ffn_down"))
-    ffn_proj = sum(g(r) * ((1 - s) if r in sparse_roles else 1.0) for r in ("ffn_up", "ffn_gate", "ffn_down"))
+    ffn_proj = sum((g(r) - g(f"alias_saved:{r}")) * ((1 - s) if r in sparse_roles else 1.0)
+                   for r in ("ffn_up", "ffn_gate", "ffn_down"))
+    ffn_basis = sparse_basis
+    if any(k.startswith("alias_saved:") for k in roles):
+        ffn_basis += "; aliased members at their stored share (canonical / k + delta)"
     core_base = g("core_shareable")
     core_sparse = sum(g(f"core:{r}") * ((1 - s) if r in sparse_roles else 1.0)
                       for r in ("ffn_up", "ffn_gate", "ffn_down", "other"))
@@ -111,9 +149,10 @@ def project(handle: ModelHandle, results: dict[str, RequirementResult], context:
     terms = [
         ProjectionTerm(term="weights: embedding row + head + attention/norms",
                        baseline_bytes=g("embedding_row") + g("head") + g("other"),
-                       projected_bytes=g("embedding_row") + g("head") + g("other"), basis=basis),
+                       projected_bytes=g("embedding_row") + g("head") + g("other") - g("alias_saved:other"),
+                       basis=basis),
         ProjectionTerm(term="weights: FFN outside core zone", baseline_bytes=ffn_base,
-                       projected_bytes=ffn_proj, basis=sparse_basis),
+                       projected_bytes=ffn_proj, basis=ffn_basis),
         ProjectionTerm(term="weights: core zone", baseline_bytes=core_base, projected_bytes=core_proj,
                        basis=f"{sparse_basis}; aliasing ratio {alias_ratio:.3f}"),
         ProjectionTerm(term="KV cache reads", baseline_bytes=kv, projected_bytes=kv,

@@ -72,3 +72,23 @@ def test_alias_tensors_without_records_are_not_measured(tmp_path):
     save_file(load_file(bad / "model.safetensors"), bad / "model.safetensors", metadata={"format": "pt"})
     r = r3_aliasing.check(resolve_model(str(bad)), ctx())
     assert r.status == Status.not_measured and "no alias group records" in r.summary
+
+
+def test_projection_baselines_an_aliased_model_on_its_de_aliased_bytes():
+    """The aliased fixture projects from the bytes its source stores (not its own, already
+    shared bytes, which would project 0 %) down to what it stores itself."""
+    from contract.projection import project, weight_bytes_by_role
+
+    h, src = resolve_model(str(FIXTURE)), resolve_model("tiny-falcon")
+    mine, _ = weight_bytes_by_role(h)
+    theirs, _ = weight_bytes_by_role(src)
+    for role in ("embedding_row", "head", "other", "ffn_up", "ffn_down", "core_shareable"):
+        assert mine.get(role, 0.0) == pytest.approx(theirs.get(role, 0.0)), role
+    p = project(h, {"R3": r3_aliasing.check(h, ctx())}, 4096, "compatible")
+    base = project(src, {}, 4096, "compatible")
+    assert p.baseline_mb_per_token == pytest.approx(base.baseline_mb_per_token)
+    stored_block_bytes = sum(t.nbytes for t in h.tensor_inventory() if not ("word_embeddings" in t.name or "lm_head" in t.name))
+    weights = sum(t.projected_bytes for t in p.terms if t.term.startswith("weights"))
+    embed_row_and_head = mine["embedding_row"] + mine["head"]
+    assert weights - embed_row_and_head == pytest.approx(stored_block_bytes, rel=1e-6)
+    assert p.projected_reduction > 0.3
