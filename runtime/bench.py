@@ -34,6 +34,7 @@ class BenchRow:
     decode_tokens_per_s: float
     decode_mb_per_token: dict[str, float]  # by term, measured by the software counter
     decode_mb_per_token_total: float
+    distinct_weight_mb_per_token: float | None  # one decode step, each stored tensor counted once
     ffn_density: float | None  # nonzero FFN activations / all, during decode
     predictor_fnr: float | None = None  # predict mode, decode: firing neurons predicted silent / firing
     predicted_density: float | None = None  # predict mode, decode: up/gate rows computed / all
@@ -140,7 +141,14 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
             if mode != "dense":
                 model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
             generate(model, ids[:8], 2, chunk=chunk)  # warm-up: numba kernels load/compile
-            _, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
+            out, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
+            # one more decode step counted on its own: each stored tensor once (a canonical
+            # shared by several layers counts once) — the footprint one token touches
+            distinct = None
+            if model.pos < model.hp.n_ctx:
+                model.counter.reset()
+                model.forward([(out or ids)[-1]])
+                distinct = round(model.counter.distinct_weight_bytes() / 1e6, 6)
             if mode == "predict":  # the same decode again, untimed, counting the predictor's misses
                 model.measure_fnr = True
                 generate(model, ids, n, chunk=chunk, sampling=Sampling())
@@ -154,6 +162,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
                 prefill_tokens_per_s=round(tm.prefill_tps, 2), decode_tokens_per_s=round(tm.decode_tps, 2),
                 decode_mb_per_token={k: round(v, 6) for k, v in per_tok.items()},
                 decode_mb_per_token_total=round(sum(per_tok.values()), 6),
+                distinct_weight_mb_per_token=distinct,
                 ffn_density=round(density, 6),
                 **_prediction_stats(model),
             ))
@@ -214,9 +223,9 @@ def to_markdown(result: dict) -> str:
         f"Baseline: `{Path(result['baseline']['file']).name}` [{result['baseline']['mode']}] · "
         f"{result['settings']['prompt_tokens']} prompt tokens, {result['settings']['new_tokens']} generated.",
         "",
-        "| File | Mode | Prefill tok/s | Decode tok/s | MB/token weights | KV | activations | total | FFN density "
-        "| Measured reduction | Projected reduction | Measured / projected |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| File | Mode | Prefill tok/s | Decode tok/s | MB/token weights | KV | activations | total "
+        "| distinct weights | FFN density | Measured reduction | Projected reduction | Measured / projected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         mb = r["decode_mb_per_token"]
@@ -228,7 +237,7 @@ def to_markdown(result: dict) -> str:
         lines.append(
             f"| {Path(r['file']).name} | {mode} | {r['prefill_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} "
             f"| {mb['weights']:.4f} | {mb['kv_cache']:.4f} | {mb['activations']:.4f} | {r['decode_mb_per_token_total']:.4f} "
-            f"| {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
+            f"| {'—' if r['distinct_weight_mb_per_token'] is None else format(r['distinct_weight_mb_per_token'], '.4f')} | {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
             f"| {'—' if r['measured_over_projected'] is None else r['measured_over_projected']} |"
         )
     if any(r.get("heldout_perplexity") for r in result["rows"]):
@@ -264,6 +273,9 @@ def to_markdown(result: dict) -> str:
                 f"| {f(r['cachegrind_kernel_over_software_weights'], False)} |")
     for s in result["skipped"]:
         lines.append(f"\nSkipped: {s}")
+    lines.append("\n*distinct weights*: one decode step's weight bytes with each stored tensor counted once "
+                 "(what it reads if a tensor shared by several layers stays cached); exact in dense mode, "
+                 "a lower bound in sparse modes.")
     lines.append("\nMB/token is measured by the runtime's byte counter; projected figures come from "
                  "`aios-contract check` and are not measurements.")
     return "\n".join(lines) + "\n"

@@ -115,13 +115,17 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens))
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     ppl = perplexity_tokens > 0
-    for col in ("file", "mode", "decode tok/s", "MB/token", "FFN density", "measured red.", "projected red.",
-                "meas/proj") + (("held-out ppl",) if ppl else ()):
+    # a file sharing tensors between layers (aliased): also its distinct weight bytes per step
+    shared = any(r["distinct_weight_mb_per_token"] is not None and r["mode"] == "dense"
+                 and r["distinct_weight_mb_per_token"] < 0.95 * r["decode_mb_per_token"]["weights"] for r in res["rows"])
+    for col in ("file", "mode", "decode tok/s", "MB/token") + (("distinct weights MB",) if shared else ()) + (
+            "FFN density", "measured red.", "projected red.", "meas/proj") + (("held-out ppl",) if ppl else ()):
         t.add_column(col)
     for r in res["rows"]:
         pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
         t.add_row(Path(r["file"]).name, r["mode"] + (" (lossy)" if r["lossy"] else ""), f"{r['decode_tokens_per_s']:.1f}",
-                  f"{r['decode_mb_per_token_total']:.4f}", pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
+                  f"{r['decode_mb_per_token_total']:.4f}",
+                  *((f"{r['distinct_weight_mb_per_token'] or 0:.4f}",) if shared else ()), pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
                   pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"),
                   *((f"{r['heldout_perplexity']:.3f}",) if ppl else ()))
     console.print(t)

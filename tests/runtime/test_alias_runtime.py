@@ -107,3 +107,16 @@ def test_aliased_gguf_metadata_and_names(pair):
     assert h.store.field("aios.alias.perplexity_delta") == pytest.approx(0.5)
     # the ratio the GGUF declares is the shared definition applied to its own tensors
     assert h.store.field("aios.alias.core_aliasing_ratio") == pytest.approx(af.ratio_of(h).core_ratio, abs=1e-6)
+
+
+def test_bench_reports_distinct_weight_bytes(pair):
+    """aios-run bench's distinct-weights figure: equal to the bytes read when nothing is
+    shared, and the aliased file's shared canonicals counted once."""
+    from runtime.bench import bench
+
+    a, d, _ = pair("tiny-falcon", "lowrank:8")
+    rows = bench([str(d), str(a)], prompt_tokens=8, n=4, project=False)["rows"]
+    plain, aliased = rows
+    assert plain["distinct_weight_mb_per_token"] == pytest.approx(plain["decode_mb_per_token"]["weights"], rel=1e-3)
+    assert aliased["distinct_weight_mb_per_token"] < 0.5 * plain["distinct_weight_mb_per_token"]
+    assert aliased["decode_mb_per_token"]["weights"] > plain["decode_mb_per_token"]["weights"]  # re-reads
