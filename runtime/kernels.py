@@ -320,6 +320,160 @@ dot4_q4_0 = _dot4_block("q4_0")
 dot4_q4_0.__doc__ = "Four Q4_0 rows (packed nibbles as in GGUF, fp16 scale bits) · x over nb blocks."
 
 
+# --- K-quants: 256-value super-blocks (Q2_K 84 B, Q4_K 144 B, Q6_K 210 B per block) ----------
+# Layouts as ggml's block_q2_K / block_q4_K / block_q6_K. Per super-block and row: the
+# sub-block scales are unpacked with scalar integer ops, the quants 32 at a time as vectors.
+# Affine types (Q2_K, Q4_K) add −dmin·m·Σx per sub-block from ``xs`` (Σx per sub-block,
+# computed once per call and shared by every row).
+KQ_BYTES = {"q2_k": 84, "q4_k": 144, "q6_k": 210}
+V32I8 = ir.VectorType(I8, 32)
+
+
+def _u8(b, p, idx):
+    return b.zext(b.load(b.gep(p, [idx])), I32)
+
+
+def _f16_at(b, p, idx):  # a little-endian fp16 at byte offset idx of a uint8 row
+    bits = b.load(b.bitcast(b.gep(p, [idx]), I16.as_pointer()), align=1)
+    return b.fpext(b.bitcast(bits, HALF), F32)
+
+
+def _halves(b, lo, hi):
+    """<32 x float>: lanes 0-15 = lo, lanes 16-31 = hi (a scale per 16 values)."""
+    v2 = ir.VectorType(F32, 2)
+    v = b.insert_element(b.insert_element(ir.Constant(v2, ir.Undefined), lo, _c(I32, 0)), hi, _c(I32, 1))
+    return b.shuffle_vector(v, ir.Constant(v2, ir.Undefined), _c(ir.VectorType(I32, 32), [0] * 16 + [1] * 16))
+
+
+def _bits(b, v, shift, mask):  # (v >> shift) & mask on <32 x i8>, logical shift
+    if shift:
+        v = b.lshr(v, _c(V32I8, [shift] * 32))
+    return b.and_(v, _c(V32I8, [mask] * 32)) if mask is not None else v
+
+
+def _q4_k_row(b, p, base, xv, xs):
+    """(Σ_j d·sc_j·Σ q·x as <32 x float>, Σ_j dmin·m_j·Σx_j) for one Q4_K super-block of a row."""
+    d, dmin = _f16_at(b, p, base), _f16_at(b, p, b.add(base, _c(base.type, 2)))
+    s = [_u8(b, p, b.add(base, _c(base.type, 4 + i))) for i in range(12)]
+    c = lambda v: _c(I32, v)  # noqa: E731
+    sc, m = [], []
+    for j in range(8):  # ggml's get_scale_min_k4
+        if j < 4:
+            sc.append(b.and_(s[j], c(63)))
+            m.append(b.and_(s[j + 4], c(63)))
+        else:
+            sc.append(b.or_(b.and_(s[j + 4], c(15)), b.shl(b.lshr(s[j - 4], c(6)), c(4))))
+            m.append(b.or_(b.lshr(s[j + 4], c(4)), b.shl(b.lshr(s[j], c(6)), c(4))))
+    acc = None
+    for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
+        q = _vload(b, p, b.add(base, _c(base.type, 16 + 32 * jj)), V32I8, 1)
+        for half, qv in ((0, _bits(b, q, 0, 15)), (1, _bits(b, q, 4, None))):
+            j = 2 * jj + half
+            t = b.fmul(b.fmul(b.uitofp(qv, V32F), xv[j], flags=FAST),
+                       _splat(b, b.fmul(d, b.uitofp(sc[j], F32), flags=FAST), 32), flags=FAST)
+            acc = t if acc is None else b.fadd(acc, t, flags=FAST)
+    mins = None
+    for j in range(8):
+        t = b.fmul(b.fmul(dmin, b.uitofp(m[j], F32), flags=FAST), xs[j], flags=FAST)
+        mins = t if mins is None else b.fadd(mins, t, flags=FAST)
+    return acc, mins
+
+
+def _q6_k_row(b, p, base, xv, xs):
+    """Σ d·sc·q·x for one Q6_K super-block (ql[128], qh[64], int8 scales[16], fp16 d)."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    d = _f16_at(b, p, off(208))
+    sc = [b.fmul(d, b.sitofp(b.load(b.gep(p, [off(192 + i)])), F32), flags=FAST) for i in range(16)]
+    acc = None
+    for n in range(2):  # 128 values each
+        A, B = _vload(b, p, off(64 * n), V32I8, 1), _vload(b, p, off(64 * n + 32), V32I8, 1)
+        H = _vload(b, p, off(128 + 32 * n), V32I8, 1)
+        for g, (low, hsh) in enumerate(((_bits(b, A, 0, 15), 0), (_bits(b, B, 0, 15), 2),
+                                        (_bits(b, A, 4, None), 4), (_bits(b, B, 4, None), 6))):
+            q = b.or_(low, b.shl(_bits(b, H, hsh, 3), _c(V32I8, [4] * 32)))
+            qf = b.sitofp(b.sub(q, _c(V32I8, [32] * 32)), V32F)
+            s = _halves(b, sc[8 * n + 2 * g], sc[8 * n + 2 * g + 1])
+            t = b.fmul(b.fmul(qf, xv[4 * n + g], flags=FAST), s, flags=FAST)
+            acc = t if acc is None else b.fadd(acc, t, flags=FAST)
+    return acc, None
+
+
+def _q2_k_row(b, p, base, xv, xs):
+    """Q2_K super-block: scales[16] (4-bit scale | 4-bit min), qs[64], fp16 d, fp16 dmin."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    d, dmin = _f16_at(b, p, off(80)), _f16_at(b, p, off(82))
+    s = [_u8(b, p, off(i)) for i in range(16)]
+    dl = [b.fmul(d, b.uitofp(b.and_(v, _c(I32, 15)), F32), flags=FAST) for v in s]
+    ml = [b.fmul(dmin, b.uitofp(b.lshr(v, _c(I32, 4)), F32), flags=FAST) for v in s]
+    acc = mins = None
+    for n in range(2):
+        Q = _vload(b, p, off(16 + 32 * n), V32I8, 1)
+        for j in range(4):  # values 128n + 32j + l: bits 2j of qs[32n + l]
+            qf = b.uitofp(_bits(b, Q, 2 * j, 3), V32F)
+            k = 8 * n + 2 * j
+            t = b.fmul(b.fmul(qf, xv[4 * n + j], flags=FAST), _halves(b, dl[k], dl[k + 1]), flags=FAST)
+            acc = t if acc is None else b.fadd(acc, t, flags=FAST)
+            for u in (k, k + 1):
+                t = b.fmul(ml[u], xs[u], flags=FAST)
+                mins = t if mins is None else b.fadd(mins, t, flags=FAST)
+    return acc, mins
+
+
+_KQ_ROW = {"q2_k": (_q2_k_row, 16), "q4_k": (_q4_k_row, 8), "q6_k": (_q6_k_row, 0)}  # row fn, xs per block
+
+
+def _dot4_kq_codegen(fmt):
+    row_fn, nxs = _KQ_ROW[fmt]
+    nbytes = KQ_BYTES[fmt]
+
+    def codegen(context, builder, sig, args):
+        # args: w0..w3, p0..p3 (uint8 rows), x, xs (Σx per sub-block; unused by Q6_K), nsb
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        x = _data(context, builder, sig.args[2 * ROWS], args[2 * ROWS])
+        xsum = _data(context, builder, sig.args[2 * ROWS + 1], args[2 * ROWS + 1])
+        nsb = args[2 * ROWS + 2]
+        ity = nsb.type
+        ST = ir.LiteralStructType([V32F] * ROWS + [F32] * ROWS)
+        init = ir.Constant(ST, [_c(V32F, [0.0] * 32)] * ROWS + [_c(F32, 0.0)] * ROWS)
+
+        def body(sb, accs):
+            base = builder.mul(sb, _c(ity, nbytes))
+            xo = builder.mul(sb, _c(ity, 256))
+            xv = [_vload(builder, x, builder.add(xo, _c(ity, 32 * u)), V32F, 4) for u in range(8)]
+            xo = builder.mul(sb, _c(ity, max(1, nxs)))
+            xs = [builder.load(builder.gep(xsum, [builder.add(xo, _c(ity, u))])) for u in range(nxs)]
+            for r in range(ROWS):
+                _prefetch_lines(builder, ps[r], base, (nbytes + 63) // 64)
+                vec, mins = row_fn(builder, ws[r], base, xv, xs)
+                accs = _accumulate(builder, accs, r, vec)
+                if mins is not None:
+                    accs = builder.insert_value(accs, builder.fsub(builder.extract_value(accs, ROWS + r), mins,
+                                                                   flags=FAST), ROWS + r)
+            return accs
+
+        accs = _loop(builder, nsb, init, body)
+        out = [builder.fadd(_hsum(builder, builder.extract_value(accs, r)), builder.extract_value(accs, ROWS + r),
+                            flags=FAST) for r in range(ROWS)]
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return codegen
+
+
+def _dot4_kq(fmt):
+    gen = _dot4_kq_codegen(fmt)
+
+    def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, x, xs, nsb):
+        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, x, xs, nsb), gen
+
+    typer.__name__ = f"dot4_{fmt}"
+    return intrinsic(typer)
+
+
+# four K-quant rows (raw GGUF super-block bytes) · x over nsb super-blocks; p0..p3 prefetched
+dot4_q2_k, dot4_q4_k, dot4_q6_k = _dot4_kq("q2_k"), _dot4_kq("q4_k"), _dot4_kq("q6_k")
+
+
 # === kernels ====================================================================================
 
 
@@ -430,6 +584,37 @@ def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (
             y = dot4_q4_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
                             qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
             _store4(Y, t, rows, g, y)
+
+
+# --- K-quants (``lut`` unused; ``xs`` = Σx per sub-block, see runtime.kernels_k.xsum) ---------
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_q4_k(W, lut, X, xs, rows, Y):  # W (n, k/256·144) uint8; xs (T, k/32) f32
+    T, k = X.shape
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            _store4(Y, t, rows, g, dot4_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], k // 256))
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_q2_k(W, lut, X, xs, rows, Y):  # W (n, k/256·84) uint8; xs (T, k/16) f32
+    T, k = X.shape
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            _store4(Y, t, rows, g, dot4_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], k // 256))
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_q6_k(W, lut, X, rows, Y):  # W (n, k/256·210) uint8
+    T, k = X.shape
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            _store4(Y, t, rows, g, dot4_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], X[t], k // 256))
 
 
 # --- sparse down projection: y = Σ_{j∈active} a[j]·Wt[j, :] over row-contiguous Wᵀ -------------

@@ -105,3 +105,24 @@ def test_rows_outside_the_selection_are_not_written() -> None:
     K.mm_f32(W, RNG.standard_normal((1, 64), dtype=np.float32), np.array([2, 5, 7], np.int64), Y)
     assert (Y[0, [0, 1, 3, 4, 6, 8, 9]] == 123.0).all()
     assert (Y[0, [2, 5, 7]] != 123.0).all()
+
+
+@pytest.mark.parametrize("kind", ["q2_k", "q4_k", "q6_k"])
+@pytest.mark.parametrize("n,nsb,T", [(1, 1, 1), (6, 2, 3), (9, 8, 1)])
+def test_kquant_rows_match_gguf_dequantize(kind: str, n: int, nsb: int, T: int) -> None:
+    """K-quant rows (our encoder's bytes) against gguf-py's dequantizer of the same bytes."""
+    from convert.kquants import quantize as kquantize
+    from runtime.kernels_k import xsum
+
+    k = 256 * nsb
+    raw = np.frombuffer(kquantize(RNG.standard_normal((n, k), dtype=np.float32), kind), np.uint8).reshape(n, -1).copy()
+    W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, k)
+    X = RNG.standard_normal((T, k), dtype=np.float32)
+    for rows in _rows(n):
+        Y = np.zeros((T, n), np.float32)
+        if kind == "q6_k":
+            K.mm_q6_k(raw, K.LUT_F16, X, rows.astype(np.int64), Y)
+        else:
+            fn = K.mm_q4_k if kind == "q4_k" else K.mm_q2_k
+            fn(raw, K.LUT_F16, X, xsum(X, 32 if kind == "q4_k" else 16), rows.astype(np.int64), Y)
+        np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
