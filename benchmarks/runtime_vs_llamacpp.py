@@ -6,7 +6,8 @@
 2. Our dense f32 decode of a ~1 GB random-init Llama-architecture model: effective weight
    bandwidth (weight bytes read per token × tokens/s) as a fraction of (1).
 3. Decode tokens/s, ours vs llama.cpp (llama-cpp-python, same threads), on the same f32 and
-   q8_0 files.
+   q8_0 files (and, for reference, a q4_k file: llama.cpp multiplies K-quants with 8-bit
+   activations and integer dot products, we keep float activations).
 4. Exact sparse decode of a ReLU model with ≥ 85 % exact-zero FFN activations vs llama.cpp's
    dense decode of the same weights. The model is random-init, built so most gate
    pre-activations are negative (positive residual stream, gate rows shifted by
@@ -249,6 +250,12 @@ def main() -> None:
         p = paired(Ours(q8, "dense"), LlamaCpp(q8), n, R)
         out["ours_q8_0_tok_s"], out["llamacpp_q8_0_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
         out["ratios_ours_over_llamacpp_q8_0"], out["ratio_ours_over_llamacpp_q8_0"] = p["ratios"], p["ratio"]
+
+        # for reference (no target): the same comparison on a Q4_K file
+        q4k = export(dense_src, work / "dense-q4_k.gguf", "q4_k")
+        p = paired(Ours(q4k, "dense"), LlamaCpp(q4k), n, R)
+        out["ours_q4_k_tok_s"], out["llamacpp_q4_k_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
+        out["ratios_ours_over_llamacpp_q4_k"], out["ratio_ours_over_llamacpp_q4_k"] = p["ratios"], p["ratio"]
 
         # 4: exact sparse vs llama.cpp dense on the same ReLU weights
         lr = LlamaCpp(relu)

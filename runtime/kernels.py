@@ -352,7 +352,7 @@ def _bits(b, v, shift, mask):  # (v >> shift) & mask on <32 x i8>, logical shift
 
 
 def _q4_k_row(b, p, base, xv, xs):
-    """(Σ_j d·sc_j·Σ q·x as <32 x float>, Σ_j dmin·m_j·Σx_j) for one Q4_K super-block of a row."""
+    """(Σ_j d·sc_j·Σ q·x as <16 x float>, Σ_j dmin·m_j·Σx_j) for one Q4_K super-block of a row."""
     d, dmin = _f16_at(b, p, base), _f16_at(b, p, b.add(base, _c(base.type, 2)))
     s = [_u8(b, p, b.add(base, _c(base.type, 4 + i))) for i in range(12)]
     c = lambda v: _c(I32, v)  # noqa: E731
@@ -365,12 +365,17 @@ def _q4_k_row(b, p, base, xv, xs):
             sc.append(b.or_(b.and_(s[j + 4], c(15)), b.shl(b.lshr(s[j - 4], c(6)), c(4))))
             m.append(b.or_(b.lshr(s[j + 4], c(4)), b.shl(b.lshr(s[j], c(6)), c(4))))
     acc = None
+    lo16, hi16 = _c(ir.VectorType(I32, 16), list(range(16))), _c(ir.VectorType(I32, 16), list(range(16, 32)))
+    undef = ir.Constant(V32F, ir.Undefined)
     for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
         q = _vload(b, p, b.add(base, _c(base.type, 16 + 32 * jj)), V32I8, 1)
         for half, qv in ((0, _bits(b, q, 0, 15)), (1, _bits(b, q, 4, None))):
             j = 2 * jj + half
-            t = b.fmul(b.fmul(b.uitofp(qv, V32F), xv[j], flags=FAST),
-                       _splat(b, b.fmul(d, b.uitofp(sc[j], F32), flags=FAST), 32), flags=FAST)
+            # fold the sub-block's 32 products to 16 lanes first (a multiply and a fused
+            # multiply-add), then one fused multiply-add by its scale: 3 vector ops, not 4
+            pr = b.fmul(b.uitofp(qv, V32F), xv[j], flags=FAST)
+            t = b.fadd(b.shuffle_vector(pr, undef, lo16), b.shuffle_vector(pr, undef, hi16), flags=FAST)
+            t = b.fmul(t, _splat(b, b.fmul(d, b.uitofp(sc[j], F32), flags=FAST), 16), flags=FAST)
             acc = t if acc is None else b.fadd(acc, t, flags=FAST)
     mins = None
     for j in range(8):
@@ -434,8 +439,9 @@ def _dot4_kq_codegen(fmt):
         xsum = _data(context, builder, sig.args[2 * ROWS + 1], args[2 * ROWS + 1])
         nsb = args[2 * ROWS + 2]
         ity = nsb.type
-        ST = ir.LiteralStructType([V32F] * ROWS + [F32] * ROWS)
-        init = ir.Constant(ST, [_c(V32F, [0.0] * 32)] * ROWS + [_c(F32, 0.0)] * ROWS)
+        VT = ir.VectorType(F32, 16 if fmt == "q4_k" else 32)  # the row function's accumulator width
+        ST = ir.LiteralStructType([VT] * ROWS + [F32] * ROWS)
+        init = ir.Constant(ST, [_c(VT, [0.0] * VT.count)] * ROWS + [_c(F32, 0.0)] * ROWS)
 
         def body(sb, accs):
             base = builder.mul(sb, _c(ity, nbytes))
