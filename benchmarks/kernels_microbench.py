@@ -1,0 +1,97 @@
+"""Throughput of each runtime kernel on matrices far larger than the cache, beside the stream probe.
+
+One GEMV per stored type (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q2_K) over ~0.5–1 GB of
+distinct matrices (5632 × 2048, the FFN shape of the runtime benchmark's model), plus the
+two sparse paths at 10 % of the rows: a gathered-row GEMV (the up projection of active
+neurons) and the row-contiguous sparse down projection. Reported as GB/s of stored bytes
+and G values/s, best of --reps, with the stream probe of benchmarks/runtime_vs_llamacpp.py
+measured in the same run (its ratio is the figure that travels between machines).
+
+    python benchmarks/kernels_microbench.py [--gb 0.6] [--reps 3]
+
+Quantized matrices are real encodings (gguf-py for Q8_0/Q4_0, convert.kquants for the
+K-quants) of one random matrix, copied to fill the size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime import kernels as K  # noqa: E402
+from runtime.kernels_k import xsum  # noqa: E402
+
+N, D = 5632, 2048
+
+
+def _split(raw: np.ndarray, blk: int) -> tuple[np.ndarray, np.ndarray]:
+    b = raw.reshape(N, D // 32, blk)
+    return np.ascontiguousarray(b[:, :, 2:]).reshape(N, -1), np.ascontiguousarray(b[:, :, :2]).view(np.uint16).reshape(N, -1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=0.6, help="Bytes of distinct matrices per kernel (GB).")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    from gguf import GGMLQuantizationType as G
+    from gguf import quantize
+
+    from convert.kquants import quantize as kquantize
+    from runtime_vs_llamacpp import stream_bandwidth
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((N, D), dtype=np.float32)
+    x = rng.standard_normal((1, D), dtype=np.float32)
+    everything = np.arange(N, dtype=np.int64)
+    tenth = np.sort(rng.choice(N, N // 10, replace=False)).astype(np.int64)
+    a = rng.standard_normal(N).astype(np.float32)
+    q8, d8 = _split(quantize(W, G.Q8_0), 34)
+    q4, d4 = _split(quantize(W, G.Q4_0), 18)
+    kq = {k: np.frombuffer(kquantize(W, k), np.uint8).reshape(N, -1).copy() for k in ("q4_k", "q6_k", "q2_k")}
+    f16 = W.astype(np.float16).view(np.uint16)
+    bf16 = (W.view(np.uint32) >> 16).astype(np.uint16)
+    x32, x16 = xsum(x, 32), xsum(x, 16)
+    cases = {  # name: (arrays copied to fill the size, call(arrays, Y), stored bytes read per call)
+        "f32": ([W], lambda m, Y: K.mm_f32(m[0], x, everything, Y), W.nbytes),
+        "f16": ([f16], lambda m, Y: K.mm_f16(m[0], x, everything, Y), f16.nbytes),
+        "bf16": ([bf16], lambda m, Y: K.mm_bf16(m[0], x, everything, Y), bf16.nbytes),
+        "q8_0": ([q8.view(np.int8), d8], lambda m, Y: K.mm_q8_0(m[0], m[1], K.LUT_F16, x, everything, Y), q8.nbytes + d8.nbytes),
+        "q4_0": ([q4, d4], lambda m, Y: K.mm_q4_0(m[0], m[1], K.LUT_F16, x, everything, Y), q4.nbytes + d4.nbytes),
+        "q4_k": ([kq["q4_k"]], lambda m, Y: K.mm_q4_k(m[0], K.LUT_F16, x, x32, everything, Y), kq["q4_k"].nbytes),
+        "q6_k": ([kq["q6_k"]], lambda m, Y: K.mm_q6_k(m[0], K.LUT_F16, x, everything, Y), kq["q6_k"].nbytes),
+        "q2_k": ([kq["q2_k"]], lambda m, Y: K.mm_q2_k(m[0], K.LUT_F16, x, x16, everything, Y), kq["q2_k"].nbytes),
+        "f32_gather_10pct": ([W], lambda m, Y: K.mm_f32(m[0], x, tenth, Y), len(tenth) * D * 4),
+        "f32_sparse_down_10pct": ([W], lambda m, Y: K.sparse_rows_f32(m[0], a, tenth, Y[0, :D]), len(tenth) * D * 4),
+    }
+    probes = stream_bandwidth()
+    out: dict = {"stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()}, "kernels": {}}
+    stream = max(probes.values())
+    for name, (arrays, call, nbytes) in cases.items():
+        per = sum(a.nbytes for a in arrays)
+        copies = [[a.copy() for a in arrays] for _ in range(max(2, int(args.gb * 1e9 / per)))]
+        Y = np.zeros((1, N), np.float32)
+        call(copies[0], Y)  # compile / load from cache
+        best = float("inf")
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            for m in copies:
+                call(m, Y)
+            best = min(best, time.perf_counter() - t)
+        gbs = len(copies) * nbytes / best / 1e9
+        values = len(copies) * (len(tenth) if "10pct" in name else N) * D / best / 1e9
+        out["kernels"][name] = {"gb_s": round(gbs, 2), "gvalues_s": round(values, 2), "of_stream": round(gbs / stream, 3)}
+        print(f"{name:24s} {gbs:6.2f} GB/s  {values:6.2f} Gvalues/s  {gbs / stream:.2f} of stream", flush=True)
+        del copies
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
