@@ -34,8 +34,8 @@ class BenchRow:
     decode_tokens_per_s: float
     decode_mb_per_token: dict[str, float]  # by term, measured by the software counter
     decode_mb_per_token_total: float
-    distinct_weight_mb_per_token: float | None  # one decode step, each stored tensor counted once
     ffn_density: float | None  # nonzero FFN activations / all, during decode
+    distinct_weight_mb_per_token: float | None = None  # one decode step, each stored tensor counted once
     predictor_fnr: float | None = None  # predict mode, decode: firing neurons predicted silent / firing
     predicted_density: float | None = None  # predict mode, decode: up/gate rows computed / all
     heldout_perplexity: float | None = None  # measured by running the file (--perplexity-tokens)
@@ -237,7 +237,7 @@ def to_markdown(result: dict) -> str:
         lines.append(
             f"| {Path(r['file']).name} | {mode} | {r['prefill_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} "
             f"| {mb['weights']:.4f} | {mb['kv_cache']:.4f} | {mb['activations']:.4f} | {r['decode_mb_per_token_total']:.4f} "
-            f"| {'—' if r['distinct_weight_mb_per_token'] is None else format(r['distinct_weight_mb_per_token'], '.4f')} | {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
+            f"| {'—' if r.get('distinct_weight_mb_per_token') is None else format(r['distinct_weight_mb_per_token'], '.4f')} | {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
             f"| {'—' if r['measured_over_projected'] is None else r['measured_over_projected']} |"
         )
     if any(r.get("heldout_perplexity") for r in result["rows"]):

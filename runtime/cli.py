@@ -116,7 +116,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     ppl = perplexity_tokens > 0
     # a file sharing tensors between layers (aliased): also its distinct weight bytes per step
-    shared = any(r["distinct_weight_mb_per_token"] is not None and r["mode"] == "dense"
+    shared = any(r.get("distinct_weight_mb_per_token") is not None and r["mode"] == "dense"
                  and r["distinct_weight_mb_per_token"] < 0.95 * r["decode_mb_per_token"]["weights"] for r in res["rows"])
     for col in ("file", "mode", "decode tok/s", "MB/token") + (("distinct weights MB",) if shared else ()) + (
             "FFN density", "measured red.", "projected red.", "meas/proj") + (("held-out ppl",) if ppl else ()):
