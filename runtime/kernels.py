@@ -501,43 +501,48 @@ def _store4(Y, t, rows, g, y):
 
 
 # --- dense rows: F32, F16, BF16 ---------------------------------------------------------------
+# One parallel kernel per family with the element type as a run-time ``kind`` (one predictable
+# branch per four rows); the public functions pick it, and the plain fallback when rows are
+# not a multiple of 32. (Separate kernels per type would repeat the loop; closures over the
+# intrinsic would not cache.)
+F32_ROWS, F16_ROWS, BF16_ROWS = 0, 1, 2
+
+
 @njit(parallel=True, fastmath=True, cache=True)
-def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64; Y (T, n)
+def _mm_float(W, X, rows, Y, kind):
     T, k = X.shape
-    if k % 32:
-        _mm_f32_rows(W, X, rows, Y)
-        return
     for g in prange((rows.shape[0] + 3) // 4):
         i0, i1, i2, i3 = _group(rows, g)
         n0, n1, n2, n3 = _group(rows, g + 1)  # the next group's rows, prefetched
         for t in range(T):
-            _store4(Y, t, rows, g, dot4_f32(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k))
+            if kind == F32_ROWS:
+                y = dot4_f32(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k)
+            elif kind == F16_ROWS:
+                y = dot4_f16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k)
+            else:
+                y = dot4_bf16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k)
+            _store4(Y, t, rows, g, y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64; Y (T, n)
+    if X.shape[1] % 32:
+        _mm_f32_rows(W, X, rows, Y)
+    else:
+        _mm_float(W, X, rows, Y, F32_ROWS)
+
+
 def mm_f16(W, X, rows, Y):  # W (n, k) uint16 holding IEEE half bits
-    T, k = X.shape
-    if k % 32:
+    if X.shape[1] % 32:
         _mm_lut_rows(W, LUT_F16, X, rows, Y)
-        return
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
-        for t in range(T):
-            _store4(Y, t, rows, g, dot4_f16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k))
+    else:
+        _mm_float(W, X, rows, Y, F16_ROWS)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
 def mm_bf16(W, X, rows, Y):  # W (n, k) uint16 holding bfloat16 bits
-    T, k = X.shape
-    if k % 32:
+    if X.shape[1] % 32:
         _mm_lut_rows(W, LUT_BF16, X, rows, Y)
-        return
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
-        for t in range(T):
-            _store4(Y, t, rows, g, dot4_bf16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k))
+    else:
+        _mm_float(W, X, rows, Y, BF16_ROWS)
 
 
 # rows whose length is not a multiple of 32: one row at a time, vectorized by LLVM alone
@@ -565,62 +570,63 @@ def _mm_lut_rows(W, lut, X, rows, Y):  # W uint16 bits decoded through a 65536-e
             Y[t, i] = acc
 
 
-# --- block formats: Q8_0, Q4_0 (``lut`` is unused, kept for the callers' signature) -----------
+# --- block formats: Q8_0, Q4_0 and the K-quants (``lut`` is unused, kept for the callers) ------
+Q8_0_ROWS, Q4_0_ROWS = 0, 1
+Q2_K_ROWS, Q4_K_ROWS, Q6_K_ROWS = 0, 1, 2
+
+
 @njit(parallel=True, fastmath=True, cache=True)
+def _mm_block(qs, d, X, rows, Y, kind):  # qs quants (n, ·) int8/uint8; d (n, k/32) fp16 bits
+    T, k = X.shape
+    nb = k // 32
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            if kind == Q8_0_ROWS:
+                y = dot4_q8_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
+                              qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+            else:
+                y = dot4_q4_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
+                              qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+            _store4(Y, t, rows, g, y)
+
+
 def mm_q8_0(qs, d, lut, X, rows, Y):  # qs (n, k) int8; d (n, k/32) fp16 bits (uint16)
-    T, k = X.shape
-    nb = k // 32
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
-        for t in range(T):
-            y = dot4_q8_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
-                            qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
-            _store4(Y, t, rows, g, y)
+    _mm_block(qs, d, X, rows, Y, Q8_0_ROWS)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
 def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (n, k/32) fp16 bits
+    _mm_block(qs, d, X, rows, Y, Q4_0_ROWS)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/256 · block bytes) uint8; xs Σx per sub-block
     T, k = X.shape
-    nb = k // 32
+    nsb = k // 256
     for g in prange((rows.shape[0] + 3) // 4):
         i0, i1, i2, i3 = _group(rows, g)
         n0, n1, n2, n3 = _group(rows, g + 1)
         for t in range(T):
-            y = dot4_q4_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
-                            qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+            if kind == Q4_K_ROWS:
+                y = dot4_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
+            elif kind == Q6_K_ROWS:
+                y = dot4_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
+            else:
+                y = dot4_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
             _store4(Y, t, rows, g, y)
 
 
-# --- K-quants (``lut`` unused; ``xs`` = Σx per sub-block, see runtime.kernels_k.xsum) ---------
-@njit(parallel=True, fastmath=True, cache=True)
 def mm_q4_k(W, lut, X, xs, rows, Y):  # W (n, k/256·144) uint8; xs (T, k/32) f32
-    T, k = X.shape
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
-        for t in range(T):
-            _store4(Y, t, rows, g, dot4_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], k // 256))
+    _mm_kq(W, X, xs, rows, Y, Q4_K_ROWS)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
 def mm_q2_k(W, lut, X, xs, rows, Y):  # W (n, k/256·84) uint8; xs (T, k/16) f32
-    T, k = X.shape
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
-        for t in range(T):
-            _store4(Y, t, rows, g, dot4_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], k // 256))
+    _mm_kq(W, X, xs, rows, Y, Q2_K_ROWS)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def mm_q6_k(W, lut, X, rows, Y):  # W (n, k/256·210) uint8
-    T, k = X.shape
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
-        for t in range(T):
-            _store4(Y, t, rows, g, dot4_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], X[t], k // 256))
+def mm_q6_k(W, lut, X, rows, Y):  # W (n, k/256·210) uint8 (no minimum term: X stands in for xs)
+    _mm_kq(W, X, X, rows, Y, Q6_K_ROWS)
 
 
 # --- sparse down projection: y = Σ_{j∈active} a[j]·Wt[j, :] over row-contiguous Wᵀ -------------
@@ -644,63 +650,46 @@ def _sum_parts(part, y):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
+def _sparse_rows(Wt, a, active, y, kind):  # Wt (d_ffn, n): F32 or F16/BF16 bits (kind as above)
+    n, r = Wt.shape[1], active.shape[0]
+    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
+    part = np.zeros((nch, n), np.float32)
+    step = (r + nch - 1) // nch
+    for c in prange(nch):
+        lo, hi = c * step, min(r, (c + 1) * step)
+        act = active[lo:hi]
+        for g in range((hi - lo + 3) // 4):
+            j0, j1, j2, j3 = _group(act, g)
+            n0, n1, n2, n3 = _group(act, g + 1)
+            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
+            if kind == F32_ROWS:
+                axpy4_f32(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
+            elif kind == F16_ROWS:
+                axpy4_f16(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
+            else:
+                axpy4_bf16(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
+    _sum_parts(part, y)
+
+
 def sparse_rows_f32(Wt, a, active, y):  # Wt (d_ffn, n) f32
-    n, r = Wt.shape[1], active.shape[0]
-    if n % 32:
+    if Wt.shape[1] % 32:
         _sparse_f32_cols(Wt, a, active, y)
-        return
-    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
-    part = np.zeros((nch, n), np.float32)
-    step = (r + nch - 1) // nch
-    for c in prange(nch):
-        lo, hi = c * step, min(r, (c + 1) * step)
-        act = active[lo:hi]
-        for g in range((hi - lo + 3) // 4):
-            j0, j1, j2, j3 = _group(act, g)
-            n0, n1, n2, n3 = _group(act, g + 1)
-            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
-            axpy4_f32(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
-    _sum_parts(part, y)
+    else:
+        _sparse_rows(Wt, a, active, y, F32_ROWS)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
 def sparse_rows_f16(Wt, a, active, y):  # Wt (d_ffn, n) uint16 holding IEEE half bits
-    n, r = Wt.shape[1], active.shape[0]
-    if n % 32:
+    if Wt.shape[1] % 32:
         _sparse_lut_cols(Wt, LUT_F16, a, active, y)
-        return
-    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
-    part = np.zeros((nch, n), np.float32)
-    step = (r + nch - 1) // nch
-    for c in prange(nch):
-        lo, hi = c * step, min(r, (c + 1) * step)
-        act = active[lo:hi]
-        for g in range((hi - lo + 3) // 4):
-            j0, j1, j2, j3 = _group(act, g)
-            n0, n1, n2, n3 = _group(act, g + 1)
-            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
-            axpy4_f16(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
-    _sum_parts(part, y)
+    else:
+        _sparse_rows(Wt, a, active, y, F16_ROWS)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
 def sparse_rows_bf16(Wt, a, active, y):  # Wt (d_ffn, n) uint16 holding bfloat16 bits
-    n, r = Wt.shape[1], active.shape[0]
-    if n % 32:
+    if Wt.shape[1] % 32:
         _sparse_lut_cols(Wt, LUT_BF16, a, active, y)
-        return
-    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
-    part = np.zeros((nch, n), np.float32)
-    step = (r + nch - 1) // nch
-    for c in prange(nch):
-        lo, hi = c * step, min(r, (c + 1) * step)
-        act = active[lo:hi]
-        for g in range((hi - lo + 3) // 4):
-            j0, j1, j2, j3 = _group(act, g)
-            n0, n1, n2, n3 = _group(act, g + 1)
-            coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
-            axpy4_bf16(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)
-    _sum_parts(part, y)
+    else:
+        _sparse_rows(Wt, a, active, y, BF16_ROWS)
 
 
 # rows whose length is not a multiple of 32: columns in chunks of 256, one thread per chunk
