@@ -29,15 +29,11 @@ from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageEr
 from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION
 from runtime import gguf_checks, ops
 from runtime.accounting import ByteCounter
+from runtime.extensions import LAYER_HOOKS
 from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
-# Callables ``hook(model, tensors_by_name, layer_index, layer_dict)`` run after a layer's
-# stored tensors are loaded, in order. Extension formats (low-rank + residual, alias
-# canonical + delta) register here and replace entries such as ``"ffn_up.weight"`` with an
-# operator implementing ``runtime.weights.Linear``; the forward pass only sees operators.
-LAYER_HOOKS: list = []
 MODES = ("dense", "sparse", "map", "predict")
 LOSSY_MODES = ("map", "predict")
 F32 = 4
@@ -347,11 +343,3 @@ def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
         rows[:] = (np.concatenate([lo, hi], axis=2) * d[:, :, None]).reshape(len(tokens), -1)
     return rows
 
-
-from runtime.lowrank import lowrank_hook  # noqa: E402  (aios-convert svd-residual tensors)
-
-LAYER_HOOKS.append(lowrank_hook)
-
-from runtime.alias import alias_hook  # noqa: E402  (aios-convert alias: canonical + delta tensors)
-
-LAYER_HOOKS.append(alias_hook)

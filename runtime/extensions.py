@@ -1,0 +1,25 @@
+"""The runtime's extension formats: the layer hooks ``runtime.model.Model`` runs, in order.
+
+A hook ``hook(model, tensors_by_name, layer_index, layer_dict)`` runs after a layer's stored
+tensors are loaded and may replace entries such as ``"ffn_up.weight"`` with an operator
+implementing ``runtime.weights.Linear``; the forward pass only sees operators.
+
+The order is part of the formats' meaning: the low-rank hook (``aios-convert svd-residual``)
+first wraps every ``X.lr_u``/``X.lr_v`` pair as ``X.weight``; the alias hook (``aios-convert
+alias``: canonical + delta) then drops the raw entries of alias groups, including what the
+low-rank hook made of a low-rank delta.
+
+This module sits below ``runtime.model``: hooks receive the model as an argument, so neither
+they nor this list import it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from runtime.alias import alias_hook
+from runtime.lowrank import lowrank_hook
+
+LayerHook = Callable[[object, dict, int, dict], None]
+
+LAYER_HOOKS: list[LayerHook] = [lowrank_hook, alias_hook]
