@@ -342,4 +342,3 @@ def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
         hi = (q >> 4).astype(np.float32) - 8
         rows[:] = (np.concatenate([lo, hi], axis=2) * d[:, :, None]).reshape(len(tokens), -1)
     return rows
-
