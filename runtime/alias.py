@@ -1,14 +1,14 @@
 """Canonical + delta weights (R3 alias format) in the runtime: ``y = W_c x + δ_i x``.
 
 A GGUF written by ``aios-convert alias --gguf`` stores each group's canonical once and the
-members' deltas (``aios.models.alias_format``). The layer hook below, registered in
-``runtime.model.LAYER_HOOKS``, replaces each member's ``<t>.weight`` entry with an
-:class:`AliasedLinear`. All members share **one** canonical :class:`Matrix` object, so
-``Model.weight_bytes`` (distinct parts by identity) counts it once, while the byte counter
-still records every read of it: a decoder multiplies by the canonical once per member layer.
-``ByteCounter.distinct_weight_bytes`` gives the other view — each stored tensor's bytes once,
-split pro rata over the layers that read it — which is the DRAM traffic when the canonical
-stays cache-resident between layers.
+members' deltas (``aios.models.alias_format``). The layer hook below, listed in
+``runtime.extensions.LAYER_HOOKS`` after the low-rank one, replaces each member's
+``<t>.weight`` entry with an :class:`AliasedLinear`. All members share **one** canonical
+:class:`Matrix` object, so ``Model.weight_bytes`` (distinct parts by identity) counts it once,
+while the byte counter still records every read of it: a decoder multiplies by the canonical
+once per member layer. ``ByteCounter.distinct_weight_bytes`` gives the other view — each
+stored tensor's bytes once, split pro rata over the layers that read it — which is the DRAM
+traffic when the canonical stays cache-resident between layers.
 """
 
 from __future__ import annotations

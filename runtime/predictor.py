@@ -22,6 +22,9 @@ The false-negative rate (a firing neuron predicted silent, its contribution lost
 The predictor is a sidecar ``.npz`` (default ``<model>.predictor.npz``) so the GGUF stays
 unchanged; it records the size and SHA-256 prefix of the GGUF it was fitted on and refuses
 another file.
+
+Fitting a whole GGUF runs the model, so ``fit`` lives above it in ``runtime.fit_predictor``;
+this module never imports ``runtime.model`` (the model imports it to load a predictor).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -160,60 +163,6 @@ def collect_ffn_inputs(model, token_ids: list[list[int]], max_tokens: int, chunk
     return [np.concatenate(x) if x else np.zeros((0, model.hp.d_model), np.float32) for x in per_layer]
 
 
-def fit(model_path: str | Path, cfg: PredictorConfig = PredictorConfig(), texts: list[str] | None = None,
-        tokenizer_dir: str | Path | None = None, progress=None) -> Predictor:
-    """Fit a predictor for every FFN layer of a ReLU-family GGUF from calibration text."""
-    from aios.data import load_texts
-    from runtime.generate import load_tokenizer
-    from runtime.model import RELU_FAMILY, Model
-
-    if cfg.rank < 1:
-        raise UsageError("--rank must be at least 1.")
-    if not 0 < cfg.target_fnr < 0.5:
-        raise UsageError("--target-fnr must be between 0 and 0.5 (exclusive).")
-    path = Path(model_path)
-    model = Model(path, mode="dense")
-    hp = model.hp
-    if hp.activation not in RELU_FAMILY:
-        raise UsageError(f"A predictor needs a ReLU-family FFN; this model runs '{hp.activation}', "
-                         "whose activations are never exactly zero. Relufy it first (aios-convert relufy).")
-    tok = load_tokenizer(path, Path(tokenizer_dir) if tokenizer_dir else None)
-    texts = texts if texts is not None else load_texts()
-    ids = [tok(t)["input_ids"] for t in texts]
-    H = collect_ffn_inputs(model, [x for x in ids if x], cfg.max_tokens)
-    rng = np.random.default_rng(cfg.seed)
-    threshold = float(hp.activation_threshold or 0.0) if hp.activation == "fatrelu" else 0.0
-    layers, evals = [], []
-    for i, L in enumerate(model.layers):
-        if progress:
-            progress(i, hp.n_layers)
-        W = (L["ffn_gate.weight"] if "ffn_gate.weight" in L else L["ffn_up.weight"]).dense()
-        n = len(H[i])
-        if n < 16:
-            raise UsageError(f"Only {n} calibration tokens reached layer {i}; give more calibration text.")
-        perm = rng.permutation(n)
-        n_eval = max(1, int(n * cfg.heldout_fraction))
-        tr, ev = H[i][perm[n_eval:]], H[i][perm[:n_eval]]
-        p = fit_layer(W, tr, threshold, cfg)
-        layers.append(p)
-        evals.append(evaluate(p, W, ev, threshold))
-    fired = sum(e["fired"] for e in evals)
-    info = {
-        "format": PREDICTOR_FORMAT,
-        "config": asdict(cfg),
-        "source": file_fingerprint(path),
-        "calibration_tokens": int(len(H[0])),
-        "heldout": {
-            "evidence": "measured on held-out calibration tokens (not used for fitting)",
-            "fnr": sum(e["false_negatives"] for e in evals) / max(1, fired),
-            "true_density": float(np.mean([e["true_density"] for e in evals])),
-            "predicted_density": float(np.mean([e["predicted_density"] for e in evals])),
-            "per_layer": evals,
-        },
-    }
-    return Predictor(layers, info)
-
-
 # --- storage ---------------------------------------------------------------------------------
 
 
@@ -256,3 +205,16 @@ def load(path: str | Path, model) -> Predictor:
         raise InvalidModelError(f"{path} was fitted on {src.get('name', 'another file')}, not {model.path.name}; "
                                 f"refit with: aios-run fit-predictor {model.path}")
     return Predictor(layers, info)
+
+
+def __getattr__(name: str):
+    """``fit`` moved to :mod:`runtime.fit_predictor`; ``runtime/cli.py`` still calls ``P.fit``.
+
+    Transitional: delete once that caller imports ``runtime.fit_predictor`` (the lazy import
+    below is the one edge from this module back up to the model).
+    """
+    if name == "fit":
+        from runtime.fit_predictor import fit
+
+        return fit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

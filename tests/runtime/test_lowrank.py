@@ -8,7 +8,8 @@ import pytest
 
 from aios.errors import UsageError
 from convert.svd_residual import SvdResidualConfig, svd_residual
-from runtime.lowrank import FlatResidual, LowRankLinear, evaluate_gguf
+from runtime.evaluate import evaluate_gguf
+from runtime.lowrank import FlatResidual, LowRankLinear
 from runtime.model import Model
 from runtime.weights import Matrix
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from aios.errors import InvalidModelError, UsageError
 from runtime import predictor as P
 from runtime.cli import main
+from runtime.fit_predictor import fit
 from runtime.model import Model
 
 
@@ -22,7 +23,7 @@ def relu_gguf(exported):
 
 @pytest.fixture(scope="module")
 def fitted(relu_gguf, tmp_path_factory):
-    pred = P.fit(relu_gguf, P.PredictorConfig(rank=16, target_fnr=0.01, max_tokens=1536))
+    pred = fit(relu_gguf, P.PredictorConfig(rank=16, target_fnr=0.01, max_tokens=1536))
     out = P.save(pred, tmp_path_factory.mktemp("pred") / "p.npz")
     return pred, out
 
@@ -95,9 +96,9 @@ def test_predictor_errors(relu_gguf, fitted, exported, tmp_path):
         Model(other, mode="predict", predictor=f)
     gelu, _ = exported("tiny-falcon", "f32")
     with pytest.raises(UsageError, match="ReLU-family"):
-        P.fit(gelu, P.PredictorConfig(max_tokens=64))
+        fit(gelu, P.PredictorConfig(max_tokens=64))
     with pytest.raises(UsageError, match="rank"):
-        P.fit(relu_gguf, P.PredictorConfig(rank=0))
+        fit(relu_gguf, P.PredictorConfig(rank=0))
 
 
 def test_cli_fit_then_bench_labels_lossy(relu_gguf, tmp_path):
