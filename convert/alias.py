@@ -3,7 +3,7 @@
 Pipeline (trained aliasing in ``convert/alias_train.py`` reuses the analysis and the writer):
 
 1. **Analysis** (streamed: one Gram matrix per matrix type, every tensor read once, by the
-   checker's own ``contract.measure.similarity``): layer × layer cosine, ‖W_i − W_j‖/‖W_j‖,
+   checker's own ``aios.measure.similarity``): layer × layer cosine, ‖W_i − W_j‖/‖W_j‖,
    the candidate group (the layers of ``--zones``), its canonical (group mean or medoid) and
    each layer's cosine to it. A layer joins when its cosine to the canonical clears its zone
    threshold (DESIGN §2; ``min_cosine`` overrides) and the group passes the bytes-saved
@@ -35,9 +35,9 @@ import torch
 
 from aios import CONTRACT_VERSION, __version__
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
+from aios.measure.similarity import cosine_from_gram, streamed_gram
 from aios.models import ModelHandle, resolve_model
 from aios.models import alias_format as af
-from contract.measure.similarity import cosine_from_gram, streamed_gram
 from contract.spec import zone_threshold
 from convert.relufy_run import source_sha256
 
@@ -88,7 +88,8 @@ def short_name(rel: str) -> str:
     return rel.split(".")[-2]
 
 
-def _types(handle: ModelHandle, cfg: AliasConfig) -> list[str]:
+def selected_types(handle: ModelHandle, cfg: AliasConfig) -> list[str]:
+    """The shareable matrix types ``cfg.types`` selects (all of the architecture's by default)."""
     shareable = list(handle.arch.shareable)
     if cfg.types is None:
         return shareable
@@ -163,7 +164,7 @@ def analyse(handle: ModelHandle, cfg: AliasConfig, progress: ProgressFn | None =
     zone = zone_layers(cfg.zones, f.n_layers, f.core_zone)
     encoding, rank = parse_delta(cfg.delta)
     out = []
-    for rel in _types(handle, cfg):
+    for rel in selected_types(handle, cfg):
         names = [handle.stored_name(handle.arch.block(i, rel)) for i in range(f.n_layers)]
         if any(n is None for n in names):
             continue
@@ -283,6 +284,7 @@ def alias(model: str | ModelHandle, out: str | Path, cfg: AliasConfig, *, outtyp
           gguf: str | Path | None = None, dealias: str | Path | None = None,
           progress: ProgressFn | None = None) -> AliasResult:
     """Post-hoc aliasing of ``model`` into the HF folder ``out`` (module docstring)."""
+    from aios.evaluation import pydoc_split
     from convert import evaluation as ev
 
     encoding, rank = parse_delta(cfg.delta)
@@ -299,7 +301,7 @@ def alias(model: str | ModelHandle, out: str | Path, cfg: AliasConfig, *, outtyp
     torch.manual_seed(0)
     tm = handle.load_torch(dtype="float32")
     tok = handle.load_tokenizer()
-    heldout = ev.pydoc_split(tok, "heldout")
+    heldout = pydoc_split(tok, "heldout")
     base_ppl = ev.heldout_perplexity(tm, heldout)
     say(f"held-out perplexity of the source: {base_ppl:.3f}")
     built: list[BuiltGroup] = []

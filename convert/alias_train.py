@@ -27,6 +27,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from aios.errors import UsageError
+from aios.evaluation import pydoc_split
 from aios.models import ModelHandle, resolve_model
 from convert import alias as A
 from convert import evaluation as ev
@@ -135,12 +136,12 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
         raise UsageError("--zones must cover at least two layers to share a canonical.")
     post = A.AliasConfig(zones=cfg.zones, delta=cfg.delta, types=cfg.types, min_cosine=0.0,
                          require_bytes_saved=False)
-    types = A._types(handle, post)  # noqa: SLF001
+    types = A.selected_types(handle, post)
     torch.manual_seed(cfg.seed)
     tm = handle.load_torch(dtype="float32")
     tok = handle.load_tokenizer()
-    heldout = ev.pydoc_split(tok, "heldout")
-    train_ids = ev.pydoc_split(tok, "train").ids
+    heldout = pydoc_split(tok, "heldout")
+    train_ids = pydoc_split(tok, "train").ids
     base_ppl = ev.heldout_perplexity(tm, heldout)
     say(f"held-out perplexity of the source: {base_ppl:.3f}")
     groups = reparameterize(tm, handle, types, layers, encoding, rank)
@@ -181,7 +182,7 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
     say(f"held-out perplexity of the stored aliased model: {ppl:.3f} (source {base_ppl:.3f})")
     state = {k: v.detach().clone() for k, v in tm.state_dict().items()}
     report = {"command": "aios-convert alias --train", "mode": "trained", "config": asdict(cfg),
-              "heldout": ev.pydoc_split(tok, "heldout").describe(), "train_tokens": int(len(train_ids)),
+              "heldout": pydoc_split(tok, "heldout").describe(), "train_tokens": int(len(train_ids)),
               "source_heldout_perplexity": round(base_ppl, 4), "reparameterized_heldout_perplexity": round(init_ppl, 4),
               "heldout_perplexity": round(ppl, 4), "perplexity_delta": round(ppl - base_ppl, 4),
               "zone_thresholds": "not applied: trained aliasing imposes the structure on the chosen layers",

@@ -5,67 +5,27 @@
   tokenized with the model's own tokenizer into one stream, cut into non-overlapping
   128-token windows; ppl = exp(mean NLL of tokens 1..n-1 of each window). For the bundled
   fixtures this is exactly the ``heldout_perplexity`` of their ``aios_fixture.json`` cards.
-  A user file (JSONL ``text`` / TXT) can replace the held-out texts.
+  A user file (JSONL ``text`` / TXT) can replace the held-out texts. The token streams
+  themselves (``pydoc_split``, ``file_tokens``, ``TokenSet``) are in :mod:`aios.evaluation`,
+  shared with the runtime's GGUF perplexity.
 * Sparsity is measured by the R1 checker's own code
-  (:func:`contract.measure.ffn.measure_ffn_activity`) on the bundled calibration prompts
+  (:func:`aios.measure.ffn.measure_ffn_activity`) on the bundled calibration prompts
   with the checker's defaults, so a converter's report and ``aios-contract check`` agree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from aios.data import load_texts, texts_sha256
+from aios.data import load_texts
+from aios.evaluation import TokenSet
 from aios.fixtures import train as fixture_recipe
+from aios.measure.ffn import FfnActivity, measure_ffn_activity
 from aios.models import ModelHandle
-from contract.measure.ffn import FfnActivity, measure_ffn_activity
 
 R1_MAX_TOKENS = 128  # the checker's default --max-tokens
-
-
-def text_stream(tokenizer, texts: list[str]) -> torch.Tensor:
-    """One token stream: each text preceded by the EOS token (when the tokenizer has one)."""
-    ids: list[int] = []
-    for text in texts:
-        if tokenizer.eos_token_id is not None:
-            ids.append(tokenizer.eos_token_id)
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return torch.tensor(ids, dtype=torch.long)
-
-
-@dataclass(frozen=True)
-class TokenSet:
-    """A token stream plus where it came from (for provenance)."""
-
-    ids: torch.Tensor  # (N,) long
-    source: str
-    sha256: str  # of the texts, see aios.data.texts_sha256
-
-    def describe(self) -> dict:
-        return {"source": self.source, "texts_sha256": self.sha256, "tokens": int(len(self.ids))}
-
-
-def pydoc_split(tokenizer, split: str) -> TokenSet:
-    """The fixtures' train or held-out split of ``pydoc_data.topics`` (see aios.fixtures.train)."""
-    texts = fixture_recipe.split_texts(split)
-    source = f"pydoc_data.topics ({split} split of aios.fixtures.train)"
-    if tokenizer.eos_token_id is None or not hasattr(tokenizer, "backend_tokenizer"):
-        return TokenSet(text_stream(tokenizer, texts), source, texts_sha256(texts))
-    # A fast tokenizer called with truncation=True (as the R1 measurement does) leaves its
-    # backend truncating; stream_ids encodes with the backend, so reset that state first.
-    tokenizer.backend_tokenizer.no_truncation()
-    tokenizer.backend_tokenizer.no_padding()
-    return TokenSet(fixture_recipe.stream_ids(tokenizer, split), source, texts_sha256(texts))
-
-
-def file_tokens(tokenizer, path: str | Path) -> TokenSet:
-    """Texts of a user JSONL/TXT file as one stream (raises a one-line AiosError if unusable)."""
-    texts = load_texts(path)
-    return TokenSet(text_stream(tokenizer, texts), str(path), texts_sha256(texts))
 
 
 class _LogitsOnCpu(torch.nn.Module):

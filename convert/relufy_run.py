@@ -20,11 +20,12 @@ from aios import CONTRACT_VERSION, __version__
 from aios.data import CALIBRATION_FILE, load_texts, texts_sha256
 from aios.data import BadTextFileError
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
+from aios.evaluation import TokenSet, file_tokens, pydoc_split
 from aios.io import write_atomic
 from aios.models import ModelHandle, resolve_model
 from convert import evaluation as ev
 from convert import training as tr
-from convert.relufy import CHECKPOINT_FILE, PROVENANCE_FILE, ProgressFn, RelufyConfig
+from convert.relufy_config import CHECKPOINT_FILE, PROVENANCE_FILE, ProgressFn, RelufyConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model",
@@ -83,7 +84,7 @@ def _load_swapped(handle: ModelHandle, activation: str, device: torch.device):
     return model.to(device), key
 
 
-def _measure(handle, model, tokenizer, heldout: ev.TokenSet, calib: list[str]) -> dict[str, Any]:
+def _measure(handle, model, tokenizer, heldout: TokenSet, calib: list[str]) -> dict[str, Any]:
     device = next(model.parameters()).device
     ppl = ev.heldout_perplexity(model, heldout)
     stats = ev.exact_zero_activity(handle, model.cpu(), tokenizer, calib)
@@ -134,8 +135,8 @@ def _open_work(out: Path, resume: bool, identity: dict[str, Any], progress: Prog
     return work, state
 
 
-def _train_tokens(tokenizer, train_data, seq_len: int) -> ev.TokenSet:
-    tokens = ev.file_tokens(tokenizer, train_data) if train_data else ev.pydoc_split(tokenizer, "train")
+def _train_tokens(tokenizer, train_data, seq_len: int) -> TokenSet:
+    tokens = file_tokens(tokenizer, train_data) if train_data else pydoc_split(tokenizer, "train")
     if len(tokens.ids) <= seq_len:
         raise BadTextFileError(f"Training text {tokens.source} has {len(tokens.ids)} tokens; "
                                f"at least {seq_len + 1} are needed (or lower --seq-len).")
@@ -165,7 +166,7 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
     _check_source(handle)
     tokenizer = handle.load_tokenizer()
     train = _train_tokens(tokenizer, train_data, cfg.seq_len)
-    heldout = ev.pydoc_split(tokenizer, "heldout")
+    heldout = pydoc_split(tokenizer, "heldout")
     calib = load_texts(limit=calibration_samples)
     identity = {"config": cfg.to_dict(), "source_sha256": source_sha256(handle),
                 "train_sha256": train.sha256, "calibration_sha256": texts_sha256(calib)}

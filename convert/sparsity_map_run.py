@@ -14,9 +14,10 @@ import torch
 
 from aios import __version__
 from aios.data import CALIBRATION_FILE, load_heldout, load_texts, texts_sha256
+from aios.evaluation import pydoc_split
 from aios.fixtures import train as fixture_recipe
+from aios.measure.ffn import measure_ffn_activity
 from aios.models import ModelHandle, resolve_model
-from contract.measure.ffn import measure_ffn_activity
 from convert import evaluation as ev
 from convert import sparsity_search as ss
 from convert.relufy_run import source_sha256
@@ -69,7 +70,7 @@ def build(model_spec: str, cfg, calibration,
     stats = measure_ffn_activity(handle, calib, max_tokens=cfg.max_tokens, model=model, tokenizer=tokenizer)
     freq = stats.neuron_frequency  # (L, d_ffn)
     order = ss.skip_order(freq)
-    heldout = ev.pydoc_split(tokenizer, "heldout")
+    heldout = pydoc_split(tokenizer, "heldout")
     ppl_without = ev.heldout_perplexity(model, heldout)
     progress(f"held-out perplexity without a map: {ppl_without:.4f}; "
              f"searching ({cfg.mode}, < {budget_pct} %)")

@@ -1,7 +1,7 @@
 """Held-out perplexity of a GGUF measured by running it in the runtime, in any FFN mode.
 
 Protocol: the one of the fixtures' cards and the converters' reports
-(``convert.evaluation``): the held-out split of ``pydoc_data.topics`` as one EOS-separated
+(``aios.evaluation``): the held-out split of ``pydoc_data.topics`` as one EOS-separated
 token stream, cut into non-overlapping windows of ``window`` tokens; perplexity =
 exp(mean NLL of tokens 1..n−1 of each window). Over the whole split and with window 128,
 an f32 export of a bundled fixture reproduces its card's ``heldout_perplexity``.
@@ -21,7 +21,7 @@ import numpy as np
 
 def heldout_ids(tokenizer, n_tokens: int | None = None) -> list[int]:
     """The first ``n_tokens`` of the held-out stream (all of it when None)."""
-    from convert.evaluation import pydoc_split
+    from aios.evaluation import pydoc_split
 
     ids = pydoc_split(tokenizer, "heldout").ids.tolist()
     return ids if n_tokens is None else ids[:n_tokens]

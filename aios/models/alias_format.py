@@ -125,9 +125,8 @@ def groups_of(handle) -> list[Group]:
         text = store.field(GGUF_GROUPS_KEY)
     else:
         text = None
-        for shard in store._shards:  # noqa: SLF001  (the store keeps its shard list)
-            with store._open(shard) as f:  # noqa: SLF001
-                text = (f.metadata() or {}).get(HF_METADATA_KEY) or text
+        for meta in store.shard_metadata():
+            text = meta.get(HF_METADATA_KEY) or text
     return loads(text, str(handle.path)) if text else []
 
 

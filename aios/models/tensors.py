@@ -82,6 +82,17 @@ class SafetensorsStore:
                 "or corrupt: re-download or re-export it."
             ) from e
 
+    def shard_metadata(self) -> list[dict[str, str]]:
+        """Each shard's ``__metadata__`` (``{}`` when absent), in shard order.
+
+        Formats that keep records in the header (the alias groups) read them here.
+        """
+        out = []
+        for shard in self._shards:
+            with self._open(shard) as f:
+                out.append(f.metadata() or {})
+        return out
+
     @cached_property
     def inventory(self) -> dict[str, TensorInfo]:
         out: dict[str, TensorInfo] = {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from aios.errors import AiosError
+from aios.measure.ffn import FfnActivity, measure_ffn_activity
 from aios.models import ModelHandle
 from contract.checks.base import CheckContext
-from contract.measure.ffn import FfnActivity, measure_ffn_activity
 from contract.result import Evidence, Metric, RequirementResult, Status
 
 ID, TITLE = "R1", "Exact-zero FFN activations"

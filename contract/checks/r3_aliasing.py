@@ -18,15 +18,15 @@ import numpy as np
 
 import json
 
-from aios.models import ModelHandle
-from aios.models import alias_format as af
-from contract.checks.base import CheckContext
-from contract.measure.similarity import (
+from aios.measure.similarity import (
     cosine_from_gram,
     rel_delta_from_gram,
     rel_delta_to_mean,
     streamed_gram,
 )
+from aios.models import ModelHandle
+from aios.models import alias_format as af
+from contract.checks.base import CheckContext
 from contract.result import Evidence, Metric, RequirementResult, Status
 from contract.spec import zone_threshold
 

@@ -1,1 +1,1 @@
-"""Measurements that run the model (shared by the checker and the converters)."""
+"""Transitional: the shared measurements moved to :mod:`aios.measure`."""

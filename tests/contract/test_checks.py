@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aios.data import load_texts
+from aios.measure.similarity import cosine_from_gram, rel_delta_from_gram, rel_delta_to_mean, streamed_gram
 from aios.models import resolve_model
 from contract.check import assign_tier, check_model
 from contract.checks.base import CheckContext
 from contract.checks import r1_sparsity, r2_kv_cache, r3_aliasing, r4_activation_footprint, r5_layout
 from contract.manifest import real_layout
-from contract.measure.similarity import cosine_from_gram, rel_delta_from_gram, rel_delta_to_mean, streamed_gram
 from contract.result import Status
 
 
@@ -246,7 +246,7 @@ def test_r1_on_gguf_runs_the_declared_activation(tmp_path):
     import shutil
 
     from aios.models.aliases import FIXTURES_DIR
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
 
     folder = tmp_path / "relu-falcon"
     shutil.copytree(FIXTURES_DIR / "tiny-falcon", folder)

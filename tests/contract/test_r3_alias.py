@@ -39,11 +39,12 @@ def test_r3_passes_on_the_trained_alias_fixture():
 def test_declared_perplexity_change_is_reproduced_by_measurement():
     """The declared number is not taken on trust: held-out perplexity of the materialized
     aliased model and of the independent-weight source, measured here."""
+    from aios.evaluation import pydoc_split
     from convert import evaluation as ev
 
     h, src = resolve_model(str(FIXTURE)), resolve_model("tiny-falcon")
     tok = h.load_tokenizer()
-    heldout = ev.pydoc_split(tok, "heldout")
+    heldout = pydoc_split(tok, "heldout")
     ppl = ev.heldout_perplexity(h.load_torch(dtype="float32"), heldout)
     base = ev.heldout_perplexity(src.load_torch(dtype="float32"), heldout)
     declared = r3_aliasing.declared_perplexity(h)

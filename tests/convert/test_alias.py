@@ -271,9 +271,10 @@ def test_short_trained_run_keeps_deltas_inside_the_projection_radius(tmp_path):
     (g,) = af.groups_of(h)
     assert [m.layer for m in g.members] == [1, 2, 3, 4] and all(m.rank == 2 for m in g.members)
     # the stored model is the one whose perplexity was measured
+    from aios.evaluation import pydoc_split
     from convert import evaluation as ev
 
-    ppl = ev.heldout_perplexity(h.load_torch(dtype="float32"), ev.pydoc_split(h.load_tokenizer(), "heldout"))
+    ppl = ev.heldout_perplexity(h.load_torch(dtype="float32"), pydoc_split(h.load_tokenizer(), "heldout"))
     assert ppl == pytest.approx(rep["heldout_perplexity"], abs=1e-3)
 
 

@@ -78,7 +78,7 @@ def test_config_roundtrip_and_validation():
 
 
 def test_relufy_falcon_output_loads_with_stock_transformers(lm, tmp_path):
-    from contract.measure.ffn import measure_ffn_activity
+    from aios.measure.ffn import measure_ffn_activity
     from aios.data import load_texts
     from aios.models import resolve_model
 

@@ -1,0 +1,131 @@
+"""FFN activation statistics measured by running the model: the one R1 implementation.
+
+Hook point: the *input* of each block's FFN output projection (``ffn_down`` in the
+architecture row). That tensor is act(up(x)) for plain FFNs and act(gate(x)) * up(x) for
+gated ones, i.e. exactly the vector whose zeros let a sparse kernel skip down-projection
+rows. The relufy converter and sparsity maps reuse these statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from aios.models import ModelHandle
+
+
+@dataclass
+class FfnActivity:
+    """Per-layer counts over every calibration token (shapes in comments)."""
+
+    n_layers: int
+    d_ffn: int
+    tokens: int = 0
+    zeros: np.ndarray = field(default=None)  # type: ignore[assignment]  # (L,) exact zeros
+    near_zeros: np.ndarray = field(default=None)  # type: ignore[assignment]  # (L,) |x| < eps
+    neuron_active: np.ndarray = field(default=None)  # type: ignore[assignment]  # (L, d_ffn) x != 0
+    eps: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.zeros is None:
+            self.zeros = np.zeros(self.n_layers, np.int64)
+            self.near_zeros = np.zeros(self.n_layers, np.int64)
+            self.neuron_active = np.zeros((self.n_layers, self.d_ffn), np.int64)
+
+    @property
+    def zero_fraction(self) -> np.ndarray:  # (L,)
+        return self.zeros / max(1, self.tokens * self.d_ffn)
+
+    @property
+    def near_zero_fraction(self) -> np.ndarray:  # (L,)
+        return self.near_zeros / max(1, self.tokens * self.d_ffn)
+
+    @property
+    def neuron_frequency(self) -> np.ndarray:  # (L, d_ffn): fraction of tokens a neuron fires
+        return self.neuron_active / max(1, self.tokens)
+
+    @property
+    def mean_zero_fraction(self) -> float:
+        return float(self.zero_fraction.mean())
+
+    @property
+    def mean_near_zero_fraction(self) -> float:
+        return float(self.near_zero_fraction.mean())
+
+
+def _module(model, dotted: str):
+    m = model
+    for part in dotted.split("."):
+        m = getattr(m, part)
+    return m
+
+
+def measure_ffn_activity(
+    handle: ModelHandle,
+    texts: Sequence[str],
+    *,
+    max_tokens: int = 128,
+    eps: float = 1e-3,
+    batch_size: int = 32,
+    model=None,
+    tokenizer=None,
+    progress: Callable[[int, int], None] | None = None,
+) -> FfnActivity:
+    """Run ``texts`` (one sequence each, truncated to ``max_tokens``) and count FFN zeros.
+
+    Sequences are batched by similar length and right-padded; padded positions are masked
+    out of every count (with causal attention they do not affect the real positions).
+    """
+    import torch
+
+    model = model if model is not None else handle.load_torch()
+    tokenizer = tokenizer if tokenizer is not None else handle.load_tokenizer()
+    arch, facts = handle.arch, handle.facts
+    stats = FfnActivity(facts.n_layers, facts.d_ffn, eps=eps)
+    current_mask: list = [None]  # (B, T) bool of real tokens for the running batch
+    hooks = []
+
+    def make_hook(layer: int):
+        def hook(_module, args):
+            x = args[0].detach()  # (B, T, d_ffn)
+            x = x[current_mask[0]] if current_mask[0] is not None else x.reshape(-1, x.shape[-1])
+            is_zero = x == 0  # (tokens, d_ffn)
+            stats.zeros[layer] += int(is_zero.sum())
+            stats.near_zeros[layer] += int((x.abs() < eps).sum())
+            stats.neuron_active[layer] += (~is_zero).sum(0).cpu().numpy()
+
+        return hook
+
+    encoded = [
+        # slice instead of truncation=True: that flag leaves a fast tokenizer's backend
+        # truncating for every later caller sharing the object
+        tokenizer(t, add_special_tokens=True)["input_ids"][:max_tokens]
+        for t in texts
+    ]
+    order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
+    for i in range(facts.n_layers):
+        down = _module(model, arch.block(i, arch.ffn_down))
+        hooks.append(down.register_forward_pre_hook(make_hook(i)))
+    done = 0
+    try:
+        with torch.inference_mode():
+            for b0 in range(0, len(order), batch_size):
+                batch = [encoded[i] for i in order[b0 : b0 + batch_size]]
+                T = max(len(ids) for ids in batch)
+                input_ids = torch.zeros((len(batch), T), dtype=torch.long)
+                mask = torch.zeros((len(batch), T), dtype=torch.bool)
+                for r, ids in enumerate(batch):
+                    input_ids[r, : len(ids)] = torch.tensor(ids)
+                    mask[r, : len(ids)] = True
+                current_mask[0] = mask
+                model(input_ids=input_ids, attention_mask=mask.long(), use_cache=False)
+                stats.tokens += int(mask.sum())
+                done += len(batch)
+                if progress:
+                    progress(done, len(order))
+    finally:
+        for h in hooks:
+            h.remove()
+    return stats
