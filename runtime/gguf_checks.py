@@ -59,10 +59,10 @@ def check_hparams(store, arch: str, path: Path) -> None:
 
 def check_cache(hp, path: Path, n_ctx_given: bool, available: int | None = None) -> None:
     """The KV cache (allocated at load) must fit in memory: refuse a context that cannot."""
-    from aios.models.handle import _mem_available
+    from aios.models.handle import mem_available
 
     need = 2 * hp.n_layers * hp.n_ctx * hp.n_kv * hp.head_dim * 4
-    avail = available if available is not None else _mem_available()
+    avail = available if available is not None else mem_available()
     if need > 0.8 * avail:
         msg = (f"A context of {hp.n_ctx:,} tokens needs a {need / 2**30:,.1f} GiB KV cache, more than "
                f"the {avail / 2**30:,.1f} GiB available; pass a smaller --ctx")

@@ -12,8 +12,12 @@ from aios.models.facts import ArchFacts
 from aios.models.hub import fetch_command
 from aios.models.tensors import GGUFStore, SafetensorsStore, TensorInfo
 
-def _mem_available() -> int:
-    """MemAvailable from /proc/meminfo in bytes (fallback: 8 GiB)."""
+
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo in bytes (fallback: 8 GiB).
+
+    Public because load plans here and the runtime's KV-cache check both size against it.
+    """
     try:
         for line in open("/proc/meminfo"):
             if line.startswith("MemAvailable:"):
@@ -111,7 +115,7 @@ class ModelHandle:
         and the rest of the process.
         """
         params = sum(t.n_elements for t in self.tensor_inventory())
-        avail = available if available is not None else _mem_available()
+        avail = available if available is not None else mem_available()
         budget = int(0.6 * avail)
         if params * 4 <= budget:
             return {"dtype": "float32", "offload": False, "params": params, "budget": budget}
