@@ -268,8 +268,9 @@ def main() -> None:
         del sp
         # lossy, for reference: the up/gate predictor (aios-run fit-predictor) on the same file
         from runtime import predictor as P
+        from runtime.fit_predictor import fit
 
-        pf = P.save(P.fit(relu, P.PredictorConfig(max_tokens=2048)), work / "relu-f32.predictor.npz")
+        pf = P.save(fit(relu, P.PredictorConfig(max_tokens=2048)), work / "relu-f32.predictor.npz")
         pr = Ours(relu, "predict", pf)
         p = paired(pr, lr, n, R)
         f = pr.fnr(n)

@@ -1,7 +1,7 @@
 """Perplexity against bytes per token: low-rank (+ residual) vs plain quantization, both fixtures.
 
 Every point is a GGUF produced by our converters and *run in aios-run*: perplexity from the
-runtime's logits (fixtures' protocol, see ``runtime.lowrank.evaluate_gguf``), bytes per token
+runtime's logits (fixtures' protocol, see ``runtime.evaluate.evaluate_gguf``), bytes per token
 from the runtime's byte counter during decode. Variants per fixture:
 
   plain     aios-convert gguf --outtype q8_0 | q4_0 | q4_k (its own per-tensor fallbacks)
@@ -49,7 +49,7 @@ def variants(quick: bool) -> list[dict]:
 def run(out_dir: Path, eval_tokens: int, quick: bool, sets: tuple[str, ...] = ("pydoc", "heldout")) -> dict:
     from convert.gguf_export import GGUFExportConfig, export_gguf
     from convert.svd_residual import SvdResidualConfig, calibrate, svd_residual
-    from runtime.lowrank import evaluate_gguf
+    from runtime.evaluate import evaluate_gguf
 
     files = out_dir / "files"
     files.mkdir(parents=True, exist_ok=True)
