@@ -128,7 +128,7 @@ def main() -> None:
         model_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         largest = largest_tensor_bytes(folder)
         # what the interpreter and the libraries the export imports cost before any tensor
-        imports = timed([sys.executable, "-c", "import torch, safetensors, gguf, tokenizers, convert.gguf_export"])
+        imports = timed([sys.executable, "-c", "import torch, safetensors, gguf, tokenizers, convert.gguf"])
         results = {"params": params, "model_bytes": model_bytes, "largest_tensor_bytes": largest,
                    "import_only_peak_rss_bytes": imports["peak_rss_bytes"],
                    "llama_cpp_convert": str(script.relative_to(tmp)), "runs": {}}

@@ -123,7 +123,7 @@ def build_model(folder: Path, layers: int, relu_sparse: bool, gate_shift: float 
 
 
 def export(src: Path, out: Path, outtype: str) -> Path:
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
 
     export_gguf(str(src), out, GGUFExportConfig(outtype=outtype))
     return out

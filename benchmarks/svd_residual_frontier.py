@@ -47,7 +47,7 @@ def variants(quick: bool) -> list[dict]:
 
 
 def run(out_dir: Path, eval_tokens: int, quick: bool, sets: tuple[str, ...] = ("pydoc", "heldout")) -> dict:
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
     from convert.svd_residual import SvdResidualConfig, calibrate, svd_residual
     from runtime.evaluate import evaluate_gguf
 

@@ -30,7 +30,7 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
     """Export MODEL (falcon, llama family, gpt2) to a GGUF file llama.cpp loads."""
     from rich.console import Console
 
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
 
     console = Console(highlight=False)
     result = export_gguf(model, output, GGUFExportConfig(outtype, sparsity_map), dry_run=dry_run)

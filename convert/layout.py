@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -243,7 +242,7 @@ def _copy_fields(w, reader) -> None:
 def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -> None:
     import gguf
 
-    from convert.gguf_export import add_metadata, finalize
+    from convert.gguf import add_metadata, atomic_output
 
     reader = handle.store.reader  # type: ignore[union-attr]
     by_name = {t.name: t for t in reader.tensors}
@@ -253,10 +252,8 @@ def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -
         b.offset = 10**digits - 1
     slot = len(manifest_json(blocks))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
+    with atomic_output(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), reader.fields["general.architecture"].contents())
         _copy_fields(w, reader)
         add_metadata(w, extra)
         w.add_string(MANIFEST_KEY, " " * slot)  # last key: its bytes end where tensor infos begin
@@ -281,12 +278,7 @@ def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -
             t = by_name[b.name]
             w.write_tensor_data(_FileSlice(handle.path, int(t.data_offset), int(t.n_bytes)))  # type: ignore[arg-type]
         w.close()
-        _verify_written(Path(tmp), text)
-        finalize(Path(tmp), out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        _verify_written(tmp, text)
 
 
 def _verify_written(path: Path, text: str) -> None:

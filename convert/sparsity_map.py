@@ -18,7 +18,7 @@ Method
    measured on the paragraphs of the same held-out topics and, as an independent check, on
    the bundled ``aios/data/heldout.jsonl`` passages (used neither for calibration nor search).
 
-File format (read by ``convert/gguf_sparsity.py``, embedded in GGUF as ``blk.N.ffn_active``)
+File format (read by ``convert/gguf/sparsity.py``, embedded in GGUF as ``blk.N.ffn_active``)
 -------------------------------------------------------------------------------------------
 ``MAP.npz`` (an uncompressed zip of ``.npy`` arrays, fixed timestamps so it is
 byte-reproducible):
@@ -51,7 +51,7 @@ import numpy as np
 
 from aios.errors import UsageError
 from aios.io import write_atomic
-from convert.gguf_sparsity import load_sparsity_map, sparsity_map_header
+from convert.gguf.sparsity import load_sparsity_map, sparsity_map_header
 
 FORMAT_VERSION = 1
 CONFIG_VERSION = 1

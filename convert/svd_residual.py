@@ -28,7 +28,6 @@ import json
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -410,15 +409,15 @@ def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualC
     ``grams``: (XᵀX per source tensor, calibration description) from an earlier
     :func:`calibrate` of the same model and texts, so a sweep calibrates once.
     """
-    from convert.gguf_export import _check_exportable, plan_tensors
+    from convert.gguf import check_exportable, plan_tensors
 
     cfg = validate(cfg)
     out = Path(output)
     if out.is_dir():
         raise UsageError(f"-o {out} is a folder; pass a file name such as {out / 'model.gguf'}.")
     handle = model if isinstance(model, ModelHandle) else resolve_model(model)
-    _check_exportable(handle)
-    plan = plan_tensors(handle, cfg.outtype, {})
+    check_exportable(handle)
+    plan = plan_tensors(handle, cfg.outtype)
     targets = [p for p in plan if is_factorized(p)]
     gram_by_source: dict[str, np.ndarray] = {}
     calib = None
@@ -435,12 +434,12 @@ def calibrate(model: str | ModelHandle, cfg: SvdResidualConfig, calibration: str
               progress: Callable[[str], None] | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """XᵀX of every factorized matrix's input on the calibration texts, and their description."""
     from aios.data import load_texts, texts_sha256
-    from convert.gguf_export import _check_exportable, plan_tensors
+    from convert.gguf import check_exportable, plan_tensors
 
     handle = model if isinstance(model, ModelHandle) else resolve_model(model)
-    _check_exportable(handle)
+    check_exportable(handle)
     texts = load_texts(calibration, cfg.samples)
-    sources = [p.source for p in plan_tensors(handle, cfg.outtype, {}) if is_factorized(p)]
+    sources = [p.source for p in plan_tensors(handle, cfg.outtype) if is_factorized(p)]
     grams, n_tok = collect_grams(handle, sources, texts, cfg.max_tokens, progress)
     return grams, {"source": Path(calibration).name if calibration else "aios/data/calibration.jsonl",
                    "texts": len(texts), "tokens": n_tok, "max_tokens": cfg.max_tokens,
@@ -449,12 +448,12 @@ def calibrate(model: str | ModelHandle, cfg: SvdResidualConfig, calibration: str
 
 def _compress_all(handle, targets, grams, cfg, scratch: Path, progress):
     """Factorize each target; encoded arrays go to ``scratch`` (so memory stays ~one tensor)."""
-    from convert.gguf_export import _source_rows
+    from convert.gguf.tensors import source_rows
 
     rows: list[TensorRow] = []
     entries: dict[str, list[tuple[str, str, tuple[int, ...], Path]]] = {}
     for k, p in enumerate(targets):
-        W = _source_rows(handle, p, {})(0, p.shape[0])  # laid out as llama.cpp stores it
+        W = source_rows(handle, p)(0, p.shape[0])  # laid out as llama.cpp stores it
         c = compress(W, cfg, grams.get(p.source))
         base = p.name.removesuffix(".weight")
         entries[p.name] = []
@@ -496,34 +495,25 @@ def lowrank_metadata(rows: list[TensorRow], cfg: SvdResidualConfig, calib: dict 
     return meta
 
 
-def _write(handle, out: Path, plan, entries, rows, cfg: SvdResidualConfig, calib) -> SvdResidualResult:
-    from convert import gguf_tensors as gt
-    from convert.gguf_export import GGUFExportConfig, TensorOut, _order_key, _source_rows, write_gguf_file
-    from convert.gguf_metadata import _provenance, aios_metadata
-    from convert.gguf_tokenizer import read_tokenizer
+def _write(handle, out: Path, tensors, entries, rows, cfg: SvdResidualConfig, calib) -> SvdResidualResult:
+    """The standard plan with each factorized matrix replaced by its factors and residual."""
+    from convert.gguf import ExportPlan, PlannedTensor, aios_metadata, provenance, write_plan
+    from convert.gguf.tokenizer import read_tokenizer
 
-    fallbacks = [f"{p.name}: {p.fallback} -> {p.outtype.upper()}" for p in plan if p.fallback and not is_factorized(p)]
-    meta, warnings, _ = aios_metadata(handle, GGUFExportConfig(cfg.outtype), fallbacks, {})
-    prov = _provenance(handle, GGUFExportConfig(cfg.outtype))
-    prov.update(command="aios-convert svd-residual", converter_config=asdict(cfg))
-    meta["aios.provenance"] = json.dumps(prov, sort_keys=True)
+    plan = ExportPlan(handle, cfg.outtype, [])
+    for p in tensors:
+        if p.name not in entries:
+            plan.tensors.append(p)
+            continue
+        for name, t, shape, f in entries[p.name]:
+            nbytes = int(np.load(f, mmap_mode="r").nbytes)
+            plan.tensors.append(PlannedTensor(name, None, shape, p.source_dtype, t, nbytes,
+                                              data=lambda f=f: np.load(f, mmap_mode="r")))
+    plan.sort()
+    prov = provenance(handle, command="aios-convert svd-residual", converter_config=asdict(cfg))
+    meta, warnings, _ = aios_metadata(handle, cfg.outtype, plan.fallbacks, prov)
     meta.update(lowrank_metadata(rows, cfg, calib))
-    tok = read_tokenizer(handle.path, handle.facts.vocab_size)
-    # (name, logical numpy shape, type, nbytes, data source)
-    items: list[tuple[str, tuple[int, ...], str, int, object]] = []
-    for p in plan:
-        if p.name in entries:
-            for name, t, shape, f in entries[p.name]:
-                items.append((name, shape, t, int(np.load(f, mmap_mode="r").nbytes), f))
-        else:
-            items.append((p.name, p.shape, p.outtype, p.nbytes, p))
-    items.sort(key=lambda it: _order_key(SimpleNamespace(name=it[0])))
-
-    def data(t: str, shape: tuple[int, ...], nbytes: int, src: object):
-        if isinstance(src, Path):
-            return lambda: np.load(src, mmap_mode="r")
-        return lambda: gt.EncodedTensor(_source_rows(handle, src, {}), shape, t, nbytes)
-
-    write_gguf_file(out, handle, cfg.outtype, tok, meta,
-                    [TensorOut(name, shape, t, nbytes, data(t, shape, nbytes, src)) for name, shape, t, nbytes, src in items])
-    return SvdResidualResult(out, cfg, rows, meta, calib, warnings, sum(it[3] for it in items))
+    plan.metadata = meta
+    plan.tokenizer = read_tokenizer(handle.path, handle.facts.vocab_size)
+    write_plan(plan, out)
+    return SvdResidualResult(out, cfg, rows, meta, calib, warnings, plan.total_bytes)

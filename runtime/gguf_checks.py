@@ -78,20 +78,16 @@ def _expected(hp) -> dict[str, tuple[int, ...]]:
     shapes = {"attn_norm.weight": (d,), "attn_norm.bias": (d,), "attn_output.weight": (d, q),
               "ffn_up.weight": (f, d), "ffn_down.weight": (d, f), "ffn_active": (f,),
               "ffn_up.bias": (f,), "ffn_down.bias": (d,), "attn_output.bias": (d,)}
-    if hp.arch == "falcon":
+    if hp.graph.fused_qkv:
         shapes.update({"attn_qkv.weight": (q + 2 * kv, d), "attn_qkv.bias": (q + 2 * kv,)})
     else:
         shapes.update({"attn_q.weight": (q, d), "attn_k.weight": (kv, d), "attn_v.weight": (kv, d),
-                       "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
-                       "ffn_norm.weight": (d,), "ffn_gate.weight": (f, d)})
+                       "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
+    if not hp.graph.parallel_attn_default:
+        shapes["ffn_norm.weight"] = (d,)
+    if hp.graph.gated_ffn:
+        shapes["ffn_gate.weight"] = (f, d)
     return shapes
-
-
-def _required(hp) -> tuple[str, ...]:
-    if hp.arch == "falcon":
-        return ("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight")
-    return ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-            "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 
 
 def _numpy_shape(x) -> tuple[int, ...]:
@@ -126,7 +122,7 @@ def check_tensors(tensors: dict, hp, path: Path) -> None:
 def check_layer(hp, i: int, L: dict, path: Path) -> None:
     """After extension hooks: every operator the forward pass calls exists with the right shape."""
     layer = _expected(hp)
-    for key in _required(hp):
+    for key in hp.graph.required_layer_tensors:
         if key not in L:
             raise InvalidModelError(f"{path}: layer {i} has no '{key}' (tensor 'blk.{i}.{key}' or an "
                                     "extension that provides it).")

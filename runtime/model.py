@@ -1,7 +1,8 @@
 """The decoder forward pass over GGUF weights (llama.cpp tensor conventions), with byte counting.
 
-Supported: falcon (7B-style: MQA, parallel attention/MLP, LayerNorm, NeoX rope) and the
-llama family (RMSNorm, GQA, SwiGLU, interleaved rope on llama.cpp-permuted q/k).
+Supported: the architecture rows with ``runtime=True`` (aios/models/architectures.py); the
+graph — norm kind, RoPE pairing, fused or separate QKV, parallel or sequential block, gated
+FFN — is read off the row, never compared by architecture name.
 The FFN activation is the one the file *declares* (``aios.ffn_activation``), not the one
 llama.cpp hard-codes, so relufied models run as they were trained.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
-from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION
+from aios.models.architectures import Architecture, for_gguf_arch, runtime_architectures
 from runtime import gguf_checks, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
@@ -55,6 +56,7 @@ class HParams:
     norm_eps: float
     activation: str
     activation_threshold: float | None
+    graph: Architecture  # the architecture row: norm, RoPE, QKV, parallel block, gated FFN
 
 
 def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
@@ -76,6 +78,21 @@ def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
     raise UnsupportedArchitectureError(f"FFN activation '{name}' is not supported by the runtime.")
 
 
+def _runtime_row(arch, has_attn_norm_2: bool) -> Architecture:
+    """The architecture row of a GGUF's ``general.architecture``, if the forward pass runs it."""
+    runs = runtime_architectures()
+    known = isinstance(arch, str) and arch in runs
+    row = for_gguf_arch(arch, has_attn_norm_2) if known else None
+    if row is None:
+        raise UnsupportedArchitectureError(
+            f"The runtime runs {' and '.join(runs)}-family GGUFs; this file is '{arch}'."
+        )
+    if not row.runtime:
+        raise UnsupportedArchitectureError(f"'{row.name}' GGUFs ({row.description}) are not supported by the "
+                                           "runtime yet.")
+    return row
+
+
 class Model:
     """Weights (mmap-backed where possible), KV cache, and the forward pass."""
 
@@ -91,13 +108,8 @@ class Model:
         store = GGUFStore(Path(path))  # validates magic / structure with a clear error
         self.path, self.reader, self.mode = Path(path), store.reader, mode
         arch = store.field("general.architecture")
-        if arch not in ("falcon", "llama"):
-            raise UnsupportedArchitectureError(
-                f"The runtime runs falcon and llama-family GGUFs; this file is '{arch}'."
-            )
         t = {x.name: x for x in self.reader.tensors}
-        if "blk.0.attn_norm_2.weight" in t:
-            raise UnsupportedArchitectureError("Falcon new-decoder (40B-style) GGUFs are not supported yet.")
+        row = _runtime_row(arch, "blk.0.attn_norm_2.weight" in t)
 
         def f(key: str, default=None):
             v = store.field(f"{arch}.{key}")
@@ -120,8 +132,9 @@ class Model:
             rope_base=float(f("rope.freq_base", 10000.0)),
             rope_dims=int(f("rope.dimension_count", hd)),
             norm_eps=float(f("attention.layer_norm_epsilon", None) or f("attention.layer_norm_rms_epsilon", 1e-5)),
-            activation=str(declared or LLAMA_CPP_FFN_ACTIVATION[arch]),
+            activation=str(declared or row.llama_cpp_ffn_activation),
             activation_threshold=store.field("aios.ffn_activation_threshold"),
+            graph=row,
         )
         if mode != "dense" and self.hp.activation not in RELU_FAMILY:
             raise UsageError(
@@ -196,13 +209,13 @@ class Model:
 
     def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if self.hp.arch == "falcon":
+        if self.hp.graph.norm == "layer":
             return ops.layer_norm(x, w, _NO_BIAS if b is None else b, self.hp.norm_eps)
         return ops.rms_norm(x, w, self.hp.norm_eps)
 
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:  # x (T, H, hd)
         x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
-        ops.rope(x, positions.astype(np.float64), self._inv_freq, self.hp.arch == "falcon")
+        ops.rope(x, positions.astype(np.float64), self._inv_freq, self.hp.graph.rope == "neox")
         return x
 
     def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
@@ -286,7 +299,8 @@ class Model:
         self.ffn_nnz = 0
         for i, L in enumerate(self.layers):
             h = self._norm(x, L["attn_norm.weight"], L.get("attn_norm.bias"))
-            if hp.arch == "falcon":
+            g = hp.graph
+            if g.fused_qkv:
                 qkv = self._mm(L["attn_qkv.weight"], h, i, bias=L.get("attn_qkv.bias"))
                 q = qkv[:, : hp.n_heads * hp.head_dim]
                 k = qkv[:, hp.n_heads * hp.head_dim : (hp.n_heads + hp.n_kv) * hp.head_dim]
@@ -299,16 +313,18 @@ class Model:
             k = self._rope(k.reshape(T, hp.n_kv, hp.head_dim), positions)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
             attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i)
-            if hp.arch == "falcon":  # parallel attention and MLP on the same normed input
+            if g.parallel_attn_default:  # parallel attention and MLP on the same normed input
                 ffn, nnz = self._ffn(L, h, i)
                 x = x + attn + ffn
-                vec = hp.d_model * 3 + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim + hp.n_heads * hp.head_dim + 2 * hp.d_ffn
             else:
                 x = x + attn
                 h2 = self._norm(x, L["ffn_norm.weight"], None)
                 ffn, nnz = self._ffn(L, h2, i)
                 x = x + ffn
-                vec = hp.d_model * 4 + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim + hp.n_heads * hp.head_dim + 3 * hp.d_ffn
+            # intermediate vectors of the block: residual/norm copies (one more with a separate
+            # FFN norm), q/k/v, attention output, FFN activations (one more when gated)
+            vec = (hp.d_model * (3 if g.parallel_attn_default else 4) + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim
+                   + hp.n_heads * hp.head_dim + (3 if g.gated_ffn else 2) * hp.d_ffn)
             self.ffn_nnz += nnz
             layer_act = 2 * vec * F32 * T  # each intermediate vector written once, read once
             self.counter.add("activations", layer_act, i)

@@ -2,10 +2,15 @@
 
 A row says where the FFN input, activation and output live (module names relative to a
 decoder block), which config keys hold the facts, how KV heads and head_dim are derived,
-and which GGUF architecture it maps to. HF -> GGUF tensor names come from gguf-py's
+which GGUF architecture it maps to, and the *graph*: norm kind, RoPE pairing, fused or
+separate QKV, parallel attention/MLP, gated FFN, what llama.cpp runs for the FFN, the
+weight layouts the GGUF export applies, the extra hyperparameter keys it writes, and whether
+``aios-run`` executes it. The runtime's forward pass, its GGUF structure checks, the exporter
+and the contract checks read these fields; HF -> GGUF tensor names come from gguf-py's
 ``TensorNameMap`` (we depend on it rather than copying its tables).
 
-Adding an architecture is adding a row to ``ARCHITECTURES``.
+Adding an architecture that reuses existing graph features is adding a row to
+``ARCHITECTURES`` (plus tests); see docs/design.md, "How to add an architecture".
 """
 
 from __future__ import annotations
@@ -51,6 +56,43 @@ class Architecture:
     # matrices that may be shared across layers (R3 candidates), relative names
     shareable: tuple[str, ...] = ()
     transposed_linear: bool = False  # gpt2 Conv1D stores weights as [in, out]
+    # --- the graph (read by runtime/model.py, runtime/gguf_checks.py, convert/gguf/) ----
+    norm: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm, optional bias)
+    rope: str | None = "normal"  # RoPE pairing as llama.cpp runs it: "normal" = interleaved
+    #   pairs (q/k rows permuted from HF's rotate-half order at export), "neox" = halves as
+    #   stored; None: learned absolute positions
+    fused_qkv: bool = False  # one attn_qkv matrix [q; k; v] in the GGUF
+    qk_norm: bool = False  # RMSNorm on q and k per head (attn_q_norm / attn_k_norm)
+    post_norms: bool = False  # extra norms after attention and FFN (Gemma 2/3)
+    attn_softcap_key: str | None = None  # config key of attention logit soft-capping
+    final_softcap_key: str | None = None  # config key of final logit soft-capping
+    embed_scale: bool = False  # embeddings multiplied by sqrt(d_model)
+    sliding_window_key: str | None = None  # config key of the local-attention window
+    # What llama.cpp executes for this GGUF architecture's FFN, whatever the file declares:
+    # llama.cpp hard-codes the activation per architecture (docs/design.md, "Pitfalls").
+    llama_cpp_ffn_activation: str = "silu"
+    # --- GGUF export -----------------------------------------------------------------------
+    export_model_types: tuple[str, ...] = ()  # model_type values the export writes correctly
+    # (layout rule, HF tensor name fragment): rules convert/gguf/tensors.py applies to the
+    # source tensor before encoding ("falcon_qkv", "rope_q", "rope_k", "transpose")
+    layout_rules: tuple[tuple[str, str], ...] = ()
+    # architecture keys beyond the common ones (convert/gguf/metadata.py HPARAM_WRITERS)
+    gguf_hparams: tuple[str, ...] = ()
+    # --- aios-run --------------------------------------------------------------------------
+    runtime: bool = False  # the forward pass executes this graph
+
+    @property
+    def required_layer_tensors(self) -> tuple[str, ...]:
+        """Per-layer operators the forward pass calls (GGUF names relative to ``blk.N.``)."""
+        attn = ("attn_qkv.weight",) if self.fused_qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
+        ffn_norm = () if self.parallel_attn_default else ("ffn_norm.weight",)
+        gate = ("ffn_gate.weight",) if self.gated_ffn and not self.fused_gate_up else ()
+        return ("attn_norm.weight", *attn, "attn_output.weight", *ffn_norm, *gate,
+                "ffn_up.weight", "ffn_down.weight")
+
+    def layout_rule(self, hf_name: str) -> str | None:
+        """The export layout rule for HF tensor ``hf_name`` (None: stored as is)."""
+        return next((r for r, fragment in self.layout_rules if fragment in hf_name), None)
 
     def block(self, i: int, rel: str) -> str:
         """Full HF module/tensor prefix of relative name ``rel`` in block ``i``."""
@@ -78,6 +120,7 @@ _LLAMA_KEYS = dict(
         "mlp.up_proj.weight",
         "mlp.down_proj.weight",
     ),
+    layout_rules=(("rope_q", "self_attn.q_proj"), ("rope_k", "self_attn.k_proj")),
 )
 
 _FALCON_COMMON = dict(
@@ -100,6 +143,13 @@ _FALCON_COMMON = dict(
         "mlp.dense_h_to_4h.weight",
         "mlp.dense_4h_to_h.weight",
     ),
+    norm="layer",
+    rope="neox",
+    fused_qkv=True,
+    llama_cpp_ffn_activation="gelu",
+    export_model_types=("falcon", "RefinedWebModel", "RefinedWeb"),
+    layout_rules=(("falcon_qkv", "self_attention.query_key_value"),),
+    gguf_hparams=("tensor_data_layout",),
 )
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -112,6 +162,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         parallel_attn_key="parallel_attn",
         parallel_attn_default=True,
         when={"new_decoder_architecture": False},
+        runtime=True,
         **_FALCON_COMMON,
     ),
     Architecture(
@@ -130,6 +181,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         description="Llama family: gated SiLU FFN (SwiGLU), RoPE, grouped-query attention",
         activation_keys=("hidden_act",),
         default_activation="silu",
+        export_model_types=("llama", "mistral"),
+        gguf_hparams=("vocab_size", "rope_dimension_count", "key_value_length", "rope_scaling"),
+        runtime=True,
         **_LLAMA_KEYS,
     ),
     Architecture(
@@ -140,7 +194,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         activation_keys=("hidden_activation", "hidden_act"),
         default_activation="gelu_pytorch_tanh",
         tied_default=True,
-        **_LLAMA_KEYS,
+        post_norms=True,
+        attn_softcap_key="attn_logit_softcapping",
+        final_softcap_key="final_logit_softcapping",
+        embed_scale=True,
+        sliding_window_key="sliding_window",
+        llama_cpp_ffn_activation="gelu_pytorch_tanh",
+        rope="neox",
+        **{**_LLAMA_KEYS, "layout_rules": ()},
     ),
     Architecture(
         name="phi3",
@@ -160,6 +221,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gated_ffn=True,
         fused_gate_up=True,
         shareable=("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"),
+        fused_qkv=True,
+        rope="neox",
+        sliding_window_key="sliding_window",
     ),
     Architecture(
         name="gpt2",
@@ -180,19 +244,15 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ffn_act_module="mlp.act",
         transposed_linear=True,
         shareable=("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
+        norm="layer",
+        rope=None,
+        fused_qkv=True,
+        llama_cpp_ffn_activation="gelu",
+        export_model_types=("gpt2",),
+        layout_rules=tuple(("transpose", t) for t in ("attn.c_attn.weight", "attn.c_proj.weight",
+                                                       "mlp.c_fc.weight", "mlp.c_proj.weight")),
     ),
 )
-
-# What llama.cpp executes for each GGUF architecture's FFN, whatever the file declares:
-# llama.cpp hard-codes the activation per architecture (DESIGN §4).
-LLAMA_CPP_FFN_ACTIVATION: dict[str, str] = {
-    "falcon": "gelu",
-    "llama": "silu",
-    "gemma2": "gelu_pytorch_tanh",
-    "phi3": "silu",
-    "gpt2": "gelu",
-}
-
 
 # activation names that are the same function as far as "which activation runs" goes
 ACT_FAMILY = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
@@ -240,6 +300,19 @@ def for_gguf_arch(gguf_name: str, has_attn_norm_2: bool = False) -> Architecture
             f"GGUF architecture '{gguf_name}' is not supported; supported: {', '.join(known)}."
         )
     return rows[0]
+
+
+def exportable_model_types() -> list[str]:
+    """Lower-case model_type values the GGUF export writes, in row order (for messages)."""
+    seen: dict[str, None] = {}
+    for a in ARCHITECTURES:
+        seen.update((t, None) for t in a.export_model_types if t.islower())
+    return list(seen)
+
+
+def runtime_architectures() -> list[str]:
+    """GGUF architecture names ``aios-run`` executes, in row order."""
+    return list(dict.fromkeys(a.gguf_arch.lower() for a in ARCHITECTURES if a.runtime))
 
 
 def by_name(name: str) -> Architecture:

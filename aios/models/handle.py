@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aios.errors import InvalidModelError, WeightsUnavailableError
-from aios.models.architectures import LLAMA_CPP_FFN_ACTIVATION, Architecture
+from aios.models.architectures import Architecture
 from aios.models.facts import ArchFacts
 from aios.models.hub import fetch_command
 from aios.models.tensors import GGUFStore, SafetensorsStore, TensorInfo
@@ -105,7 +105,7 @@ class ModelHandle:
     @property
     def llama_cpp_activation(self) -> str | None:
         """What llama.cpp would execute for this architecture's FFN (hard-coded there)."""
-        return LLAMA_CPP_FFN_ACTIVATION.get(self.arch.gguf_arch.lower())
+        return self.arch.llama_cpp_ffn_activation
 
     # --- torch -------------------------------------------------------------------------
     def load_plan(self, available: int | None = None) -> dict[str, Any]:

@@ -186,7 +186,7 @@ def _facts_from_gguf(store: GGUFStore, arch, g: str) -> tuple[ArchFacts, dict[st
     kv = store.field(f"{g}.attention.head_count_kv")
     n_kv = int(kv) if isinstance(kv, int) and kv > 0 else n_heads
     declared = store.field("aios.ffn_activation")
-    act = declared if isinstance(declared, str) else architectures.LLAMA_CPP_FFN_ACTIVATION.get(g)
+    act = declared if isinstance(declared, str) else arch.llama_cpp_ffn_activation
     key_dim = store.field(f"{g}.attention.key_length")
     vocab = store.field(f"{g}.vocab_size")
     if not isinstance(vocab, int):

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from aios.data import load_heldout
 from aios.models import resolve_model
 from aios.models.aliases import find_alias
-from convert import gguf_tensors as gt
+from convert.gguf import tensors as gt
 from convert.cli import main
-from convert.gguf_export import GGUFExportConfig, export_gguf
+from convert.gguf import GGUFExportConfig, export_gguf
 from tests.conftest import build_hf_model
 
 FIXTURES = ("tiny-falcon", "tiny-llama")
@@ -172,7 +172,7 @@ def test_pre_tokenizer_names_are_known_to_llama_cpp(tmp_path):
     """Every pre-tokenizer name the exporter can write is one llama.cpp accepts."""
     from llama_cpp import Llama
 
-    from convert.gguf_tokenizer import KNOWN_SPLIT_REGEXES
+    from convert.gguf.tokenizer import KNOWN_SPLIT_REGEXES
 
     src = gguf.GGUFReader(str(export("tiny-llama", tmp_path / "v.gguf")))
     for pre in sorted(set(KNOWN_SPLIT_REGEXES.values()) | {"default"}):
@@ -400,7 +400,7 @@ def write_map(path: Path, n_layers: int, d_ffn: int, header: dict | None = None)
 
 
 def test_sparsity_map_embedded_and_llama_cpp_refuses(tmp_path):
-    from convert.gguf_sparsity import load_sparsity_map
+    from convert.gguf.sparsity import load_sparsity_map
 
     smap = write_map(tmp_path / "map.npz", 6, 352, {"mode": "balanced"})
     out = tmp_path / "sparse.gguf"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from aios.errors import UsageError
 from convert import kquants as kq
-from convert.gguf_tensors import sqnr_db
+from convert.gguf.tensors import sqnr_db
 
 # SQNR floor on standard-normal rows (measured: 11.6, 16.8, 23.0, 29.0, 35.5 dB)
 MIN_SQNR = {"q2_k": 11.0, "q3_k": 16.0, "q4_k": 22.5, "q5_k": 28.5, "q6_k": 35.0}
@@ -190,7 +190,7 @@ def test_gguf_export_q4_k_reports_fallbacks_and_runs_in_llama_cpp(tmp_path):
 
 
 def test_fallback_chain_per_tensor():
-    from convert import gguf_tensors as gt
+    from convert.gguf import tensors as gt
 
     assert gt.choose_type((64, 512), "q4_k") == ("q4_k", None)
     assert gt.choose_type((64, 128), "q6_k")[0] == "q8_0"

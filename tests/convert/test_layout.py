@@ -21,7 +21,7 @@ from contract.checks.base import CheckContext
 from contract.manifest import FREQ_RANK, Manifest, real_layout, verify
 from contract.result import Status
 from convert.cli import main
-from convert.gguf_export import GGUFExportConfig, export_gguf
+from convert.gguf import GGUFExportConfig, export_gguf
 from convert.layout import (Block, LayoutConfig, block_frequency, classify, ffn_read_fraction,
                             layout_gguf, order_blocks, tier)
 

@@ -15,7 +15,7 @@ from aios.errors import UsageError
 from aios.models.aliases import FIXTURES_DIR
 from convert import sparsity_search as ss
 from convert.cli import main
-from convert.gguf_sparsity import check_masks
+from convert.gguf.sparsity import check_masks
 from convert.sparsity_map import (SparsityMapConfig, load_sparsity_map, sparsity_map,
                                   sparsity_map_header, write_sparsity_map)
 

@@ -229,7 +229,7 @@ def seed_map(tmp_path_factory) -> bytes:
 
 
 def _read_map(p: Path) -> None:
-    from convert.gguf_sparsity import check_masks, load_sparsity_map, sparsity_map_header
+    from convert.gguf.sparsity import check_masks, load_sparsity_map, sparsity_map_header
 
     for fn in (load_sparsity_map, sparsity_map_header):
         try:

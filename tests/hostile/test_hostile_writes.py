@@ -56,7 +56,7 @@ importlib.import_module(module).main()
 def models(tmp_path_factory):
     """The bundled tiny-falcon-relu (real BPE tokenizer), its F32 GGUF export, calibration texts."""
     from aios.models.aliases import FIXTURES_DIR
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
 
     d = tmp_path_factory.mktemp("models")
     folder = FIXTURES_DIR / "tiny-falcon-relu"

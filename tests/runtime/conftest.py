@@ -13,7 +13,7 @@ from aios.models.aliases import FIXTURES_DIR
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """Factory: ``exported("tiny-falcon", "f32", relu=False)`` -> path of a cached export."""
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
 
     root = tmp_path_factory.mktemp("gguf")
     cache: dict = {}

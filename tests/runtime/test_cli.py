@@ -43,7 +43,7 @@ def test_bench_dense_vs_sparse_with_projection(exported, tmp_path):
 
 
 def test_map_mode_skips_masked_neurons(exported, tmp_path):
-    from convert.gguf_export import GGUFExportConfig, export_gguf
+    from convert.gguf import GGUFExportConfig, export_gguf
 
     _, src = exported("tiny-falcon", "f32", relu=True)
     rng = np.random.default_rng(0)

@@ -1,10 +1,13 @@
-"""GGUF metadata for the export: llama.cpp's architecture keys and our ``aios.*`` keys.
+"""Step 3 of the GGUF spine: metadata — llama.cpp's architecture keys and our ``aios.*`` keys.
 
-``aios.*`` (DESIGN §6): the FFN activation as the model computes it, what llama.cpp hard-codes
-for the architecture instead (and whether that is the same function), per-tensor type
-fallbacks, an embedded sparsity map's description, and provenance (tool version, source files
-identified by size and header digest, converter config; no paths or times, so output stays
-byte-identical for identical input).
+``aios.*`` (docs/design.md, "GGUF extensions"): the FFN activation as the model computes it,
+what llama.cpp hard-codes for the architecture instead (and whether that is the same
+function), per-tensor type fallbacks, an embedded sparsity map's description, and provenance
+(tool version, source files identified by size and header digest, converter config; no paths
+or times, so output stays byte-identical for identical input).
+
+Which architecture keys are written beyond the common ones is data: the row's
+``gguf_hparams`` names entries of :data:`HPARAM_WRITERS`.
 """
 
 from __future__ import annotations
@@ -13,19 +16,16 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Callable
 
 import numpy as np
 
 from aios import CONTRACT_VERSION, __version__
 from aios.models import ModelHandle
-from convert import gguf_sparsity as sparsity
-from convert import gguf_tensors as gt
-
-from aios.models.architectures import ACT_FAMILY, activation_family  # noqa: F401  (re-exported)
-
-if TYPE_CHECKING:
-    from convert.gguf_export import GGUFExportConfig
+from aios.models.architectures import activation_family
+from convert.gguf import sparsity
+from convert.gguf import tensors as gt
+from convert.gguf.plan import GGUFExportConfig
 
 # how llama.cpp's CPU kernels deviate from the exact function, per activation family
 LLAMA_CPP_ACT_NOTES = {
@@ -34,11 +34,37 @@ LLAMA_CPP_ACT_NOTES = {
 }
 
 
+def _rope_scaling(w, handle: ModelHandle) -> None:
+    import gguf
+
+    c = handle.config
+    scaling = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    if scaling.get("rope_type", scaling.get("type")) == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+
+
+def _key_value_length(w, handle: ModelHandle) -> None:
+    f = handle.facts
+    if f.head_dim * f.n_heads != f.d_model:
+        w.add_key_length(f.head_dim)
+        w.add_value_length(f.head_dim)
+
+
+# Architecture keys a row may ask for (``Architecture.gguf_hparams``), in the order written.
+HPARAM_WRITERS: dict[str, Callable[[Any, ModelHandle], None]] = {
+    "vocab_size": lambda w, h: w.add_vocab_size(int(h.facts.vocab_size)),  # type: ignore[arg-type]
+    "rope_dimension_count": lambda w, h: w.add_rope_dimension_count(h.facts.head_dim),
+    "key_value_length": _key_value_length,
+    "rope_scaling": _rope_scaling,
+    "tensor_data_layout": lambda w, h: w.add_tensor_data_layout("jploski"),  # Falcon QKV regrouped
+}
+_BEFORE_EPS = ("vocab_size", "rope_dimension_count")  # written before the norm epsilon
 
 
 def write_hparams(w, handle: ModelHandle, outtype: str) -> None:
     """Architecture keys llama.cpp reads (the ones its converter writes for these models)."""
-    f, c = handle.facts, handle.config
+    f, c, arch = handle.facts, handle.config, handle.arch
     w.add_name(handle.name)
     w.add_context_length(int(f.max_context or 2048))
     w.add_embedding_length(f.d_model)
@@ -48,24 +74,15 @@ def write_hparams(w, handle: ModelHandle, outtype: str) -> None:
     w.add_head_count_kv(f.n_kv_heads)
     rope = c.get("rope_parameters") or {}
     theta = rope.get("rope_theta", c.get("rope_theta"))
-    if handle.arch.name == "llama":
-        w.add_vocab_size(int(f.vocab_size))
-        w.add_rope_dimension_count(f.head_dim)
+    for key in (k for k in arch.gguf_hparams if k in _BEFORE_EPS):
+        HPARAM_WRITERS[key](w, handle)
+    if arch.norm == "rms":
         w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
-        if f.head_dim * f.n_heads != f.d_model:
-            w.add_key_length(f.head_dim)
-            w.add_value_length(f.head_dim)
-        scaling = c.get("rope_scaling") or rope
-        if scaling.get("rope_type", scaling.get("type")) == "linear":
-            import gguf
-
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(float(scaling["factor"]))
     else:
         w.add_layer_norm_eps(float(c.get("layer_norm_epsilon", 1e-5)))
-    if handle.arch.name.startswith("falcon"):
-        w.add_tensor_data_layout("jploski")  # QKV regrouped as llama.cpp expects
-    if theta is not None and handle.arch.name != "gpt2":
+    for key in (k for k in arch.gguf_hparams if k not in _BEFORE_EPS):
+        HPARAM_WRITERS[key](w, handle)
+    if theta is not None and arch.rope is not None:
         w.add_rope_freq_base(float(theta))
     w.add_file_type(gt.llama_file_type(outtype))
     if outtype in ("q8_0", "q4_0"):
@@ -74,9 +91,14 @@ def write_hparams(w, handle: ModelHandle, outtype: str) -> None:
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def aios_metadata(handle: ModelHandle, config: GGUFExportConfig, fallbacks: list[str],
-                  masks: dict[int, np.ndarray]) -> tuple[dict[str, object], list[str], bool]:
-    """The ``aios.*`` keys, warnings for the user, and whether llama.cpp can load the file."""
+def aios_metadata(handle: ModelHandle, outtype: str, fallbacks: list[str], provenance_record: dict,
+                  masks: dict[int, np.ndarray] | None = None,
+                  sparsity_map: str | None = None) -> tuple[dict[str, object], list[str], bool]:
+    """The ``aios.*`` keys, warnings for the user, and whether llama.cpp can load the file.
+
+    ``outtype``: the requested type of the plain tensors; ``provenance_record``: what
+    :func:`provenance` returns for the converter writing the file; ``masks``: an embedded
+    sparsity map read from the file ``sparsity_map``."""
     f = handle.facts
     warnings: list[str] = []
     loadable = True
@@ -87,7 +109,7 @@ def aios_metadata(handle: ModelHandle, config: GGUFExportConfig, fallbacks: list
         "aios.ffn_activation": f.activation,
         "aios.llama_cpp.ffn_activation": runs,
         "aios.llama_cpp.activation_matches": matches,
-        "aios.export.outtype": config.outtype,
+        "aios.export.outtype": outtype,
         "aios.export.fallback_count": len(fallbacks),
     }
     if matches and activation_family(runs) in LLAMA_CPP_ACT_NOTES:
@@ -105,23 +127,28 @@ def aios_metadata(handle: ModelHandle, config: GGUFExportConfig, fallbacks: list
         meta["aios.runtime.note"] = msg
     if masks:
         kept = [float(m.mean()) for m in masks.values()]
-        header = sparsity.sparsity_map_header(config.sparsity_map) if config.sparsity_map else {}
+        header = sparsity.sparsity_map_header(sparsity_map) if sparsity_map else {}
         meta.update({
             "aios.sparsity.format": "blk.N.ffn_active F32 (d_ffn,): 1 = neuron kept, 0 = pruned",
             "aios.sparsity.layers": list(masks),
             "aios.sparsity.kept_fraction": kept,
             "aios.sparsity.mode": str(header.get("mode", "unknown")),
-            "aios.sparsity.source_sha256": _sha256_file(Path(config.sparsity_map)),  # type: ignore[arg-type]
+            "aios.sparsity.source_sha256": sha256_file(Path(sparsity_map)),  # type: ignore[arg-type]
             "aios.sparsity.runtime": "aios-run only: llama.cpp refuses the extra ffn_active tensors",
         })
         warnings.append("the sparsity map adds blk.N.ffn_active tensors: llama.cpp refuses such "
-                               "files (wrong number of tensors); the file is for the AIOS runtime")
+                        "files (wrong number of tensors); the file is for the AIOS runtime")
         loadable = False
-    meta["aios.provenance"] = json.dumps(_provenance(handle, config), sort_keys=True)
+    meta["aios.provenance"] = json.dumps(provenance_record, sort_keys=True)
     return meta, warnings, loadable
 
 
-def _provenance(handle: ModelHandle, config: GGUFExportConfig) -> dict:
+def provenance(handle: ModelHandle, config: GGUFExportConfig | None = None, *,
+               command: str = "aios-convert gguf", converter_config: dict | None = None) -> dict:
+    """Tool, source files (by size and digest) and converter config of an export.
+
+    ``converter_config`` defaults to ``config`` (an ``aios-convert gguf`` export); converters
+    with their own config (svd-residual) pass theirs and their ``command``."""
     assert handle.path is not None
     folder = handle.path
     files = []
@@ -131,18 +158,19 @@ def _provenance(handle: ModelHandle, config: GGUFExportConfig) -> dict:
             header = fh.read(n)
         files.append({"file": p.name, "bytes": p.stat().st_size,
                       "header_sha256": hashlib.sha256(header).hexdigest()})
-    cfg = asdict(config)
-    if cfg["sparsity_map"]:
-        cfg["sparsity_map"] = Path(cfg["sparsity_map"]).name
-    small = {n: _sha256_file(folder / n) for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
+    if converter_config is None:
+        converter_config = asdict(config or GGUFExportConfig())
+        if converter_config["sparsity_map"]:
+            converter_config["sparsity_map"] = Path(converter_config["sparsity_map"]).name
+    small = {n: sha256_file(folder / n) for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
              if (folder / n).is_file()}
-    return {"tool": "aios-toolchain", "tool_version": __version__, "command": "aios-convert gguf",
+    return {"tool": "aios-toolchain", "tool_version": __version__, "command": command,
             "source": {"name": handle.name, "kind": handle.kind, "architecture": handle.arch.name,
                        "weights": files, "sha256": small},
-            "converter_config": cfg}
+            "converter_config": converter_config}
 
 
-def _sha256_file(p: Path) -> str:
+def sha256_file(p: Path) -> str:
     h = hashlib.sha256()
     with open(p, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

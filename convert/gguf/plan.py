@@ -1,0 +1,169 @@
+"""Step 1 of the GGUF spine: the plan — every tensor a GGUF will hold, from file headers only.
+
+A plan is a list of :class:`PlannedTensor` (GGUF name, shape, output type, byte size, where
+the data comes from) plus what the file declares (metadata, tokenizer). Exporters that add,
+drop or replace tensors — alias canonical/delta members, svd-residual factors, sparsity masks —
+transform a plan made by :func:`plan_tensors` instead of reimplementing it, so every GGUF we
+write names, types and orders its standard tensors the same way.
+
+A tensor's data is either read from the source model (``source`` names the HF tensor, and
+``rule`` the llama.cpp layout applied to it: see :mod:`convert.gguf.tensors`) and encoded to
+``outtype`` as it is written, or produced by ``data`` (a callable returning an array or an
+object with ``nbytes``/``tofile``) for tensors an exporter computes itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from aios.errors import InvalidModelError, UnsupportedArchitectureError
+from aios.models import ModelHandle
+from aios.models.architectures import exportable_model_types
+from convert.gguf import sparsity
+from convert.gguf import tensors as gt
+
+# HF buffers that are not weights
+SKIP = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
+
+
+@dataclass(frozen=True)
+class GGUFExportConfig:
+    """Converter config, embedded in every artifact (``aios.provenance``)."""
+
+    outtype: str = "f16"
+    sparsity_map: str | None = None  # file name only in provenance (paths are machine-specific)
+    version: int = 1
+
+
+@dataclass
+class PlannedTensor:
+    name: str  # GGUF name
+    source: str | None  # HF tensor name (None for tensors an exporter creates, e.g. ffn_active)
+    shape: tuple[int, ...]  # numpy order, after the layout rule
+    source_dtype: str
+    outtype: str  # one of gt.OUTTYPES
+    nbytes: int
+    rule: str | None = None  # layout rule applied to the source (see convert.gguf.tensors)
+    fallback: str | None = None  # why outtype differs from the requested type
+    # the data, when it does not come from ``source``: () -> array or EncodedTensor-like
+    data: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class ExportPlan:
+    """A GGUF about to be written: the source model, the requested type, tensors, metadata."""
+
+    handle: ModelHandle
+    outtype: str  # the requested type (llama.cpp's general.file_type follows it)
+    tensors: list[PlannedTensor]
+    metadata: dict[str, object] = field(default_factory=dict)  # the aios.* keys
+    tokenizer: Any = None  # convert.gguf.tokenizer.TokenizerMeta or None
+
+    @property
+    def fallbacks(self) -> list[str]:
+        return fallback_lines(self.tensors)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.nbytes for p in self.tensors)
+
+    def sort(self) -> None:
+        """llama.cpp's order (stable): see :func:`tensor_order`."""
+        self.tensors.sort(key=lambda p: tensor_order(p.name))
+
+
+def fallback_lines(tensors: Iterable[PlannedTensor]) -> list[str]:
+    """One ``name: why -> TYPE`` line per tensor whose type differs from the requested one."""
+    return [f"{p.name}: {p.fallback} -> {p.outtype.upper()}" for p in tensors if p.fallback]
+
+
+def check_exportable(handle: ModelHandle) -> None:
+    """Refuse, in one sentence, a model the GGUF export cannot write correctly."""
+    if handle.kind == "gguf" or handle.path is None or not handle.has_weights:
+        raise InvalidModelError(
+            f"'{handle.spec}' is not an HF model folder with weights; GGUF export reads config.json "
+            "and safetensors (pass the folder, or fetch the model first)."
+        )
+    if handle.config.get("model_type") not in handle.arch.export_model_types:
+        names = exportable_model_types()
+        raise UnsupportedArchitectureError(
+            f"GGUF export supports {', '.join(names[:-1])} and {names[-1]}; "
+            f"'{handle.config.get('model_type')}' is not one of them."
+        )
+    rope = handle.config.get("rope_parameters") or handle.config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "linear"):
+        raise UnsupportedArchitectureError(
+            f"RoPE scaling '{rope.get('rope_type', rope.get('type'))}' is not supported by the GGUF export yet."
+        )
+    if handle.config.get("alibi"):
+        raise UnsupportedArchitectureError("Falcon with ALiBi positions is not supported by llama.cpp's falcon graph.")
+
+
+def gguf_name_map(handle: ModelHandle):
+    """gguf-py's HF -> GGUF tensor name map for the handle's architecture and depth."""
+    import gguf
+
+    return gguf.get_tensor_name_map(gguf.MODEL_ARCH[handle.arch.gguf_arch], handle.facts.n_layers)
+
+
+def gguf_name(tmap, hf_name: str, arch_label: str) -> str:
+    name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        raise UnsupportedArchitectureError(
+            f"Tensor '{hf_name}' has no GGUF name for {arch_label}; "
+            "this model variant is not supported by the GGUF export."
+        )
+    return name
+
+
+def plan_tensor(handle: ModelHandle, gname: str, source: str, outtype: str, *,
+                rule: str | None = None, force_type: str | None = None) -> PlannedTensor:
+    """One tensor read from ``source``: laid out by ``rule``, typed by the fallback rules
+    (or exactly ``force_type``)."""
+    info = handle.store.inventory[source]  # type: ignore[union-attr]
+    shape = tuple(reversed(info.shape)) if rule == "transpose" else tuple(info.shape)
+    typ, why = (force_type, None) if force_type else gt.choose_type(shape, outtype)
+    return PlannedTensor(gname, source, shape, info.dtype, typ, gt.encoded_nbytes(shape, typ), rule, why)
+
+
+def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray] | None = None, *,
+                 exclude: Iterable[str] = ()) -> list[PlannedTensor]:
+    """Every standard tensor (HF tensors in ``exclude`` left out) and the sparsity masks, in
+    llama.cpp's order, from safetensors headers only."""
+    arch = handle.arch
+    tmap = gguf_name_map(handle)
+    skip = set(exclude)
+    plan: list[PlannedTensor] = []
+    for info in handle.tensor_inventory():
+        if SKIP.search(info.name) or info.name in skip:
+            continue
+        name = gguf_name(tmap, info.name, arch.gguf_arch.lower())
+        if info.dtype not in ("F32", "F16", "BF16"):
+            raise InvalidModelError(f"Tensor '{info.name}' is {info.dtype}; export reads F32/F16/BF16 weights.")
+        plan.append(plan_tensor(handle, name, info.name, outtype, rule=arch.layout_rule(info.name)))
+    for i, m in (masks or {}).items():
+        data = sparsity.mask_tensor(m)
+        plan.append(PlannedTensor(sparsity.TENSOR_NAME.format(i=i), None, m.shape, "BOOL", "f32", 4 * m.size,
+                                  data=_rows_of(data, m.shape)))
+    names = [p.name for p in plan]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InvalidModelError(f"Two source tensors map to GGUF tensor '{dup}'.")
+    return sorted(plan, key=lambda p: tensor_order(p.name))
+
+
+def _rows_of(data: np.ndarray, shape: tuple[int, ...]):
+    return lambda: gt.EncodedTensor(lambda a, b: data, shape, "f32", 4 * data.size)
+
+
+def tensor_order(name: str) -> tuple:
+    """Sort key of llama.cpp's order: token/position embeddings, then blocks in order (by
+    name within a block), then the output norm and head."""
+    m = re.match(r"blk\.(\d+)\.", name)
+    if m:
+        return (1, int(m.group(1)), name)
+    return (0 if name.startswith(("token_embd", "position_embd")) else 2, 0, name)

@@ -1,0 +1,95 @@
+"""Step 4 of the GGUF spine: the atomic writer.
+
+Every GGUF this project writes goes through :func:`atomic_output`: the file is written to a
+temp file beside the destination, fsynced, given normal permissions and renamed, so an
+interrupted or failed conversion leaves nothing under the final name (docs/design.md,
+"Atomic writes"). :func:`write_plan` writes an :class:`~convert.gguf.plan.ExportPlan` in
+gguf-py's one explicit protocol: header, key/values (architecture keys, tokenizer, ``aios.*``),
+tensor infos, then each tensor's data, encoded chunk by chunk as it is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from aios.models import ModelHandle
+from convert.gguf import tensors as gt
+from convert.gguf.metadata import add_metadata, write_hparams
+from convert.gguf.plan import ExportPlan
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class TensorOut:
+    """One tensor of a GGUF being written: its header entry and a callable producing its data
+    (an array, or a ``gt.EncodedTensor`` that encodes row chunks while it is written)."""
+
+    name: str
+    shape: tuple[int, ...]
+    outtype: str
+    nbytes: int
+    data: Callable[[], object]
+
+
+@contextlib.contextmanager
+def atomic_output(out: Path) -> Iterator[Path]:
+    """A temp path beside ``out``; renamed to ``out`` (after fsync) when the block succeeds,
+    removed when it raises (including KeyboardInterrupt)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        finalize(Path(tmp), out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def finalize(tmp: Path, out: Path) -> None:
+    """fsync the finished temp file, give it normal permissions, rename it to ``out``."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, out)
+
+
+def write_gguf_file(out: Path, handle: ModelHandle, outtype: str, tok, metadata: dict[str, object],
+                    tensors: list[TensorOut], progress: Progress | None = None) -> None:
+    """Hyperparameters, tokenizer, ``aios.*`` metadata and ``tensors`` written atomically."""
+    import gguf
+
+    with atomic_output(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[handle.arch.gguf_arch]])
+        write_hparams(w, handle, outtype)
+        if tok is not None:
+            tok.add_to(w)
+        add_metadata(w, metadata)
+        for t in tensors:
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gt.ggml_type(t.outtype))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for k, t in enumerate(tensors):
+            w.write_tensor_data(t.data())  # type: ignore[arg-type]
+            if progress:
+                progress(k + 1, len(tensors), t.name)
+        w.close()
+
+
+def write_plan(plan: ExportPlan, out: Path, progress: Progress | None = None) -> None:
+    """Write ``plan`` to ``out`` atomically, tensors in the plan's order."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors = [TensorOut(p.name, p.shape, p.outtype, p.nbytes, gt.tensor_data(plan.handle, p))
+               for p in plan.tensors]
+    write_gguf_file(out, plan.handle, plan.outtype, plan.tokenizer, plan.metadata, tensors, progress)
