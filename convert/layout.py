@@ -7,7 +7,7 @@ Its access frequency is the expected fraction of its rows read per generated tok
   the FFN up projection of plain FFNs, sparsity masks): 1.0;
 - rows a sparsity-aware kernel may skip (the FFN down projection, and the up projection of
   gated FFNs): the layer's measured mean neuron firing rate on the calibration texts
-  (contract/measure/ffn.py, the R1 measurement), restricted to neurons a ``blk.N.ffn_active``
+  (aios/measure/ffn.py, the R1 measurement), restricted to neurons a ``blk.N.ffn_active``
   mask keeps.
 
 Classes: ≥ ``high`` → high, < ``low`` → low, else medium. Tiers: HOT = high blocks of the first
@@ -34,7 +34,7 @@ from aios import CONTRACT_VERSION, __version__
 from aios.errors import InvalidModelError
 from aios.io import write_atomic
 from aios.models import ModelHandle, resolve_model
-from contract.manifest import FREQ_RANK, Manifest, verify
+from contract.spec.manifest import FREQ_RANK, Manifest, verify
 
 MANIFEST_KEY = "aios.manifest"
 TIER_RANK = {"HOT": 0, "WARM": 1, "STREAM": 2}
@@ -119,7 +119,7 @@ def ffn_read_fraction(neuron_frequency: np.ndarray, masks: dict[int, np.ndarray]
 def measure_read_fraction(handle: ModelHandle, texts: list[str], max_tokens: int,
                           progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """Run the GGUF's model (transformers) on ``texts`` with the activation the file declares."""
-    from contract.measure.ffn import measure_ffn_activity
+    from aios.measure.ffn import measure_ffn_activity
 
     model = _load_declared(handle)
     activity = measure_ffn_activity(handle, texts, max_tokens=max_tokens, model=model, progress=progress)

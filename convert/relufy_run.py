@@ -284,7 +284,7 @@ def _provenance(handle, cfg, act_key, identity, train, heldout, calib, metrics, 
         "steps": cfg.steps,
         "metrics": metrics,
         "metric_notes": {"heldout_perplexity": "aios.fixtures.train protocol (see convert/evaluation.py)",
-                         "mean_exact_zero_fraction": "contract.measure.ffn (the R1 checker's code)"},
+                         "mean_exact_zero_fraction": "aios.measure.ffn (the R1 checker's code)"},
         "training_log": log,
         "curve": curve,
         "runtime": {"device": dev.type, "autocast": str(_autocast_dtype(dev)).replace("torch.", "")

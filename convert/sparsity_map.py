@@ -4,7 +4,7 @@ Method
 ------
 1. Per-layer, per-neuron firing frequencies (share of tokens on which the neuron's
    activation — the input of the FFN output projection — is nonzero) are measured on the
-   calibration texts by the R1 checker's code (``contract.measure.ffn``).
+   calibration texts by the R1 checker's code (``aios.measure.ffn``).
 2. Neurons are ranked globally, least frequent first (``convert/sparsity_search.py``).
 3. The number of skipped neurons is found by binary search against *measured* held-out
    perplexity with the mask applied (a forward pre-hook on each FFN output projection that

@@ -6,7 +6,7 @@ import time
 
 from aios.models import ModelHandle
 from contract.checks.base import CheckContext
-from contract.manifest import ManifestProblem, candidate_paths, parse_manifest, real_layout, verify
+from contract.spec.manifest import ManifestProblem, candidate_paths, parse_manifest, real_layout, verify
 from contract.result import Evidence, Metric, RequirementResult, Status
 
 ID, TITLE = "R5", "Frequency-ordered checkpoint with manifest"

@@ -1,7 +1,9 @@
 """The contract as versioned data: thresholds, zones and tiers live in ``contract-<v>.json``.
 
 Prose lives in ``CONTRACT.md``. Checks read every threshold from here; none is hard-coded
-in a check module.
+in a check module. ``contract.spec`` (with the R5 manifest format, :mod:`contract.spec.manifest`)
+is the contract's published data: it imports nothing else from ``contract``, so converters and
+the runtime may read it without depending on the checker (docs/design.md, "Layering").
 """
 
 from __future__ import annotations

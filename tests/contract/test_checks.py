@@ -16,7 +16,7 @@ from aios.models import resolve_model
 from contract.check import assign_tier, check_model
 from contract.checks.base import CheckContext
 from contract.checks import r1_sparsity, r2_kv_cache, r3_aliasing, r4_activation_footprint, r5_layout
-from contract.manifest import real_layout
+from contract.spec.manifest import real_layout
 from contract.result import Status
 
 

@@ -18,7 +18,7 @@ from aios.models import resolve_model
 from aios.models.aliases import find_alias
 from contract.checks import r5_layout
 from contract.checks.base import CheckContext
-from contract.manifest import FREQ_RANK, Manifest, real_layout, verify
+from contract.spec.manifest import FREQ_RANK, Manifest, real_layout, verify
 from contract.result import Status
 from convert.cli import main
 from convert.gguf import GGUFExportConfig, export_gguf

@@ -12,7 +12,7 @@ from junitparser import JUnitXml
 from aios.models.aliases import FIXTURES_DIR
 from contract.check import check_model
 from contract.cli import main
-from contract.manifest import real_layout
+from contract.spec.manifest import real_layout
 from aios.models import resolve_model
 from reports.compare import FILE_NAMES, compare
 

@@ -1,1 +1,0 @@
-"""Transitional: the shared measurements moved to :mod:`aios.measure`."""
