@@ -176,7 +176,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     ),
     Architecture(
         name="llama",
-        hf_model_types=("llama", "mistral", "qwen2"),
+        hf_model_types=("llama", "mistral"),
         gguf_arch="LLAMA",
         description="Llama family: gated SiLU FFN (SwiGLU), RoPE, grouped-query attention",
         activation_keys=("hidden_act",),
@@ -185,6 +185,18 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_hparams=("vocab_size", "rope_dimension_count", "key_value_length", "rope_scaling"),
         runtime=True,
         **_LLAMA_KEYS,
+    ),
+    Architecture(
+        name="qwen2",
+        hf_model_types=("qwen2",),
+        gguf_arch="QWEN2",
+        description="Qwen2/2.5: the Llama graph with q/k/v biases and NeoX RoPE (q/k stored as is)",
+        activation_keys=("hidden_act",),
+        default_activation="silu",
+        rope="neox",
+        export_model_types=("qwen2",),
+        runtime=True,
+        **{**_LLAMA_KEYS, "layout_rules": ()},
     ),
     Architecture(
         name="gemma2",

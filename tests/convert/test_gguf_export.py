@@ -250,9 +250,10 @@ def test_sentencepiece_style_tokenizer_in_llama_cpp(tmp_path):
         llm.close()
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder"])
+@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder", "qwen2"])
 def test_other_layouts_llama_cpp_parity(tmp_path, kind):
-    """GPT-2's transposed Conv1D and Falcon-40B's grouped QKV, on random tiny models."""
+    """GPT-2's transposed Conv1D, Falcon-40B's grouped QKV and Qwen2's q/k/v biases with NeoX
+    RoPE (q/k not permuted), on random tiny models."""
     folder = with_tokenizer_of(build_hf_model(kind, tmp_path / kind, vocab_size=2048))
     out = export(folder, tmp_path / f"{kind}.gguf")
     h = resolve_model(str(folder))

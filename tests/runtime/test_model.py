@@ -37,6 +37,30 @@ def test_f32_logits_match_transformers(exported, fixture):
     assert np.abs(step - ref).max() <= 1e-4
 
 
+def test_qwen2_row_runs_with_transformers_logits(tmp_path):
+    """A row added by data alone (q/k/v biases, NeoX RoPE, RMSNorm, gated SiLU): the export and
+    the forward pass read the graph off the row, and the logits match transformers'."""
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from tests.conftest import build_hf_model
+
+    src = build_hf_model("qwen2", tmp_path / "qwen2", vocab_size=2048)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    path = tmp_path / "qwen2.gguf"
+    export_gguf(str(src), path, GGUFExportConfig("f32"))
+    ids, ref = _hf_logits(src)
+    m = Model(path)
+    assert m.hp.graph.name == "qwen2" and "blk.0.attn_q.bias" in {t.name for t in m.reader.tensors}
+    out = m.forward(ids, all_logits=True)
+    assert np.abs(out - ref).max() <= 1e-4
+    m.reset()
+    step = np.concatenate([m.forward([t]) for t in ids])
+    assert np.abs(step - ref).max() <= 1e-4
+
+
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0", "q4_0"])
 def test_quantized_matvec_equals_gguf_dequantize(exported, outtype):
     import gguf

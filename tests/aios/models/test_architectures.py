@@ -12,7 +12,7 @@ from aios.models.aliases import ALIASES, find_alias
 from aios.models.architectures import by_name, for_gguf_arch, for_hf_config
 from tests.conftest import TINY_CONFIGS
 
-ROW_OF = {"mistral": "llama", "qwen2": "llama"}
+ROW_OF = {"mistral": "llama"}
 
 
 def _module(model, dotted: str):
