@@ -1,4 +1,6 @@
-"""Atomic file writes: temp file in the destination folder, fsync, rename (DESIGN §6).
+"""File I/O every package shares: atomic writes and file digests (bottom layer: ``aios`` only).
+
+Atomic writes: temp file in the destination folder, fsync, rename.
 
 Temp names come from ``mkstemp`` (unique per writer), so two processes writing the same
 output at once never share a temp file: each renames its own complete file into place and
@@ -9,14 +11,24 @@ the last rename wins. A full disk (or quota, or file-size limit) becomes one
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from aios.errors import AiosError, ExitCode
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+HASH_CHUNK = 1 << 20  # bytes read per step while hashing; the digest does not depend on it
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+H = TypeVar("H", bound=_Hasher)
 
 
 class DiskFullError(AiosError):
@@ -63,3 +75,19 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
             raise DiskFullError(disk_full_message(path, e)) from None
         raise
     return path
+
+
+def hash_file(h: H, path: str | Path) -> H:
+    """Feed the bytes of ``path`` into ``h`` in chunks (never the whole file in memory); returns ``h``.
+
+    For digests over several files (with their names in between); one file: :func:`sha256_file`.
+    """
+    with open(path, "rb") as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            h.update(chunk)
+    return h
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of the file at ``path`` — the one file digest the toolchain's provenance uses."""
+    return hash_file(hashlib.sha256(), path).hexdigest()

@@ -21,7 +21,7 @@ from aios.data import CALIBRATION_FILE, load_texts, texts_sha256
 from aios.data import BadTextFileError
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.evaluation import TokenSet, file_tokens, pydoc_split
-from aios.io import write_atomic
+from aios.io import hash_file, write_atomic
 from aios.models import ModelHandle, resolve_model
 from convert import evaluation as ev
 from convert import training as tr
@@ -43,9 +43,7 @@ def source_sha256(handle: ModelHandle) -> str:
     h = hashlib.sha256()
     for f in [handle.path / "config.json", *sorted(handle.path.glob("*.safetensors"))]:
         h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                h.update(chunk)
+        hash_file(h, f)
     return h.hexdigest()
 
 
