@@ -93,6 +93,36 @@ def _runtime_row(arch, has_attn_norm_2: bool) -> Architecture:
     return row
 
 
+def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
+    """The hyperparameters of a checked GGUF (``gguf_checks.check_hparams`` ran first);
+    ``n_ctx`` overrides the file's context length."""
+    arch = row.gguf_arch.lower()
+
+    def f(key: str, default=None):
+        v = store.field(f"{arch}.{key}")
+        return default if v is None else v
+
+    n_heads = int(f("attention.head_count"))
+    d_model = int(f("embedding_length"))
+    hd = d_model // n_heads
+    return HParams(
+        arch=arch,
+        n_layers=int(f("block_count")),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv=int(f("attention.head_count_kv", n_heads)),
+        head_dim=hd,
+        d_ffn=int(f("feed_forward_length")),
+        n_ctx=int(n_ctx or f("context_length", 2048)),
+        rope_base=float(f("rope.freq_base", 10000.0)),
+        rope_dims=int(f("rope.dimension_count", hd)),
+        norm_eps=float(f("attention.layer_norm_epsilon", None) or f("attention.layer_norm_rms_epsilon", 1e-5)),
+        activation=str(store.field("aios.ffn_activation") or row.llama_cpp_ffn_activation),
+        activation_threshold=store.field("aios.ffn_activation_threshold"),
+        graph=row,
+    )
+
+
 class Model:
     """Weights (mmap-backed where possible), KV cache, and the forward pass."""
 
@@ -110,44 +140,20 @@ class Model:
         arch = store.field("general.architecture")
         t = {x.name: x for x in self.reader.tensors}
         row = _runtime_row(arch, "blk.0.attn_norm_2.weight" in t)
-
-        def f(key: str, default=None):
-            v = store.field(f"{arch}.{key}")
-            return default if v is None else v
-
         gguf_checks.check_hparams(store, arch, self.path)  # a lying file: one sentence, exit 4
-        declared = store.field("aios.ffn_activation")
-        n_heads = int(f("attention.head_count"))
-        d_model = int(f("embedding_length"))
-        hd = d_model // n_heads
-        self.hp = HParams(
-            arch=arch,
-            n_layers=int(f("block_count")),
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv=int(f("attention.head_count_kv", n_heads)),
-            head_dim=hd,
-            d_ffn=int(f("feed_forward_length")),
-            n_ctx=int(n_ctx or f("context_length", 2048)),
-            rope_base=float(f("rope.freq_base", 10000.0)),
-            rope_dims=int(f("rope.dimension_count", hd)),
-            norm_eps=float(f("attention.layer_norm_epsilon", None) or f("attention.layer_norm_rms_epsilon", 1e-5)),
-            activation=str(declared or row.llama_cpp_ffn_activation),
-            activation_threshold=store.field("aios.ffn_activation_threshold"),
-            graph=row,
-        )
-        if mode != "dense" and self.hp.activation not in RELU_FAMILY:
+        self.hp = hp = read_hparams(store, row, n_ctx)
+        if mode != "dense" and hp.activation not in RELU_FAMILY:
             raise UsageError(
-                f"--mode {mode} needs a ReLU-family activation; this model runs '{self.hp.activation}', "
+                f"--mode {mode} needs a ReLU-family activation; this model runs '{hp.activation}', "
                 "which never produces exact zeros. Relufy it first (aios-convert relufy)."
             )
-        gguf_checks.check_cache(self.hp, self.path, n_ctx is not None)
-        gguf_checks.check_tensors(t, self.hp, self.path)
+        gguf_checks.check_cache(hp, self.path, n_ctx is not None)
+        gguf_checks.check_tensors(t, hp, self.path)
         self.tok_embd = from_gguf_tensor(t["token_embd.weight"])
         self.output = from_gguf_tensor(t["output.weight"]) if "output.weight" in t else self.tok_embd
         self.output_norm = vector(t["output_norm.weight"])
         self.output_norm_b = vector(t["output_norm.bias"]) if "output_norm.bias" in t else None
-        self.layers = [self._layer(t, i) for i in range(self.hp.n_layers)]
+        self.layers = [self._layer(t, i) for i in range(hp.n_layers)]
         self.counter = ByteCounter()
         self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
         self.predictor = None
@@ -160,7 +166,6 @@ class Model:
             from runtime import predictor as P
 
             self.predictor = P.load(predictor or P.default_path(self.path), self)
-        hp = self.hp
         self.k_cache = np.zeros((hp.n_layers, hp.n_ctx, hp.n_kv, hp.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
         self.pos = 0
