@@ -10,7 +10,7 @@ from aios.data import CALIBRATION_FILE, load_texts, texts_sha256
 from aios.errors import AiosError, ExitCode, UsageError
 from aios.models import ModelHandle, resolve_model
 from contract.checks import CHECKS, REQUIREMENT_IDS
-from contract.checks.base import CheckContext, Progress, _no_progress
+from contract.checks.base import CheckContext, Progress, no_progress
 from contract.projection import project
 from contract.result import CheckReport, Evidence, Gate, RequirementResult, Status
 from contract.spec import tiers
@@ -56,7 +56,7 @@ def check_model(
     context: int = 4096,
     require_tier: str | None = None,
     require: list[str] | None = None,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> CheckReport:
     """Score ``model`` against R1–R5. Library entry point behind ``aios-contract check``."""
     t0 = time.perf_counter()

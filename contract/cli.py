@@ -1,4 +1,9 @@
-"""``aios-contract``: inspect and check models against the AIOS Model Contract."""
+"""``aios-contract``: inspect and check models against the AIOS Model Contract.
+
+The top layer: commands parse options, call one library function and render. This module may
+import anything (``contract``, ``reports``, ``aios``); the library modules of ``contract`` never
+import ``reports`` or this module — rendering of check results lives in ``reports``.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from rich.table import Table
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
 from aios.models.aliases import DEFAULT_MODEL
+from contract.check import TIER_IDS
+from contract.checks.base import fmt_bytes
 
 console = Console(highlight=False)
 
@@ -32,13 +39,6 @@ def _model_arg(model: str, allow_pickle: bool):
     from aios.models import resolve_model
 
     return resolve_model(model, allow_pickle=True)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n} B"
 
 
 @main.command()
@@ -99,14 +99,12 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
     totals = report["totals"]
     if len(shown) < totals["tensors"]:
         console.print(f"... {totals['tensors'] - len(shown)} more (use --max-tensors 0 or --json)")
-    by = ", ".join(f"{k}: {v['tensors']} tensors, {_fmt_bytes(v['bytes'])}" for k, v in totals["by_dtype"].items())
+    by = ", ".join(f"{k}: {v['tensors']} tensors, {fmt_bytes(v['bytes'], group_bytes=False)}"
+                   for k, v in totals["by_dtype"].items())
     console.print(
         f"[bold]Total:[/] {totals['tensors']} tensors, {totals['params']:,} parameters, "
-        f"{_fmt_bytes(totals['bytes'])} ({by})"
+        f"{fmt_bytes(totals['bytes'], group_bytes=False)} ({by})"
     )
-
-
-STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "not_measured": "yellow", "error": "bold magenta"}
 
 
 @main.command()
@@ -114,7 +112,7 @@ STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "not_measured": "yello
 @click.option("--calibration", type=click.Path(dir_okay=False), help="JSONL (text field) or TXT prompts; default: bundled set.")
 @click.option("--samples", type=int, default=None, help="Use only the first N calibration samples.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample.")
-@click.option("--require-tier", type=click.Choice(["compatible", "optimized", "native", "native+"]), default=None,
+@click.option("--require-tier", type=click.Choice(TIER_IDS), default=None,
               help="Exit 1 unless the model reaches this tier.")
 @click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
 @click.option("--context", type=int, default=4096, show_default=True, help="Context length for KV bytes and the projection.")
@@ -133,15 +131,11 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from aios.errors import UsageError
     from contract.check import check_model
-    from reports.check_reports import FORMATS, write_reports
+    from reports.check_reports import FORMATS, print_check, write_reports
     from reports.load import load_bench
 
-    fmts = [f.strip() for f in formats.split(",") if f.strip()]
-    bad = [f for f in fmts if f not in FORMATS]
-    if bad:
-        raise UsageError(f"Unknown report format {', '.join(bad)}; choose from {', '.join(FORMATS)}.")
+    fmts = _formats(formats, FORMATS, "report")
     bench = load_bench(bench_file) if bench_file else None  # fail fast (exit 4) before measuring
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
@@ -155,39 +149,23 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
         report = check_model(_model_arg(model, allow_pickle), calibration=calibration, samples=samples,
                              max_tokens=max_tokens, context=context, require_tier=require_tier,
                              require=require.split(",") if require else [], progress=progress)
-    _render_check(report)
+    print_check(report, console)
     if out_dir:
         for p in write_reports(report, out_dir, fmts, bench=bench):
             console.print(f"wrote {p}")
     sys.exit(report.gate.exit_code)
 
 
-def _render_check(report) -> None:
-    t = Table(title=f"AIOS Model Contract v{report.contract_version} — {report.model['spec']}")
-    for col in ("Req", "Status", "Evidence", "Result"):
-        t.add_column(col)
-    for r in report.requirements:
-        s = r.status.value
-        t.add_row(f"{r.id} {r.title}", f"[{STATUS_STYLE[s]}]{s}[/]", r.evidence.value, r.summary)
-    console.print(t)
-    for r in report.requirements:
-        if r.formula:
-            console.print(f"  {r.id}: {r.formula}")
-        if r.command:
-            console.print(f"  {r.id}: to measure, run `{r.command}`")
-    p = report.projection
-    if p:
-        spec = (f"{p.spec_projected_reduction[0]:.0%}–{p.spec_projected_reduction[1]:.0%}"
-                if p.spec_projected_reduction else "n/a")
-        console.print(f"Projected MB/token (context {p.context}): {p.projected_mb_per_token:.3f} vs "
-                      f"{p.baseline_mb_per_token:.3f} baseline, reduction {p.projected_reduction:.1%} "
-                      f"[dim](projected, not measured; the contract claims {spec} for this tier)[/]")
-    console.print(f"[bold]Tier: {report.tier_name}[/] · gate: {report.gate.reason} · exit {report.gate.exit_code} "
-                  f"· {report.seconds:.1f} s")
+def _formats(formats: str, allowed: tuple[str, ...] | None = None, what: str = "") -> list[str]:
+    """``--format a,b`` as a list; with ``allowed``, an unknown one is a usage error (exit 2)."""
+    from aios.errors import UsageError
 
-
-def _formats(formats: str) -> list[str]:
-    return [f.strip() for f in formats.split(",") if f.strip()]
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    bad = [f for f in fmts if allowed is not None and f not in allowed]
+    if bad:
+        raise UsageError(f"Unknown {what} format {', '.join(bad)}; "
+                         f"choose from {', '.join(allowed or ())}.")
+    return fmts
 
 
 @main.command("compare")
@@ -202,14 +180,10 @@ def compare_cmd(report_a, report_b, formats, out_dir) -> None:
 
     Exit 1 when a requirement that passed in A does not pass in B, else 0.
     """
-    from aios.errors import UsageError
     from reports.compare import FORMATS, compare, to_text, write_comparison
     from reports.load import load_check_report
 
-    fmts = _formats(formats)
-    bad = [f for f in fmts if f not in FORMATS]
-    if bad:
-        raise UsageError(f"Unknown compare format {', '.join(bad)}; choose from {', '.join(FORMATS)}.")
+    fmts = _formats(formats, FORMATS, "compare")
     c = compare(load_check_report(report_a), load_check_report(report_b), report_a, report_b)
     click.echo(to_text(c), nl=False)
     if out_dir:

@@ -1,5 +1,9 @@
-"""Writers for ``aios-contract check`` reports: JSON (versioned schema), Markdown, JUnit XML,
-HTML (reports/html.py) and SARIF 2.1.0 (reports/sarif.py)."""
+"""Every rendering of an ``aios-contract check`` report: the terminal scorecard, JSON (versioned
+schema), Markdown, JUnit XML, HTML (reports/html.py) and SARIF 2.1.0 (reports/sarif.py).
+
+Layering: ``reports`` sits above ``contract`` (it imports the report model and the spec);
+nothing in ``contract`` imports ``reports`` except ``contract/cli.py``, the top-level command.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,13 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from aios.io import write_atomic
 from contract.result import CheckReport, Status, report_json_schema
 from reports.html import check_html
-from reports.measured import NOT_MEASURED, TERM_LABELS, TERMS, mb_table
+from reports.measured import NOT_MEASURED, TERM_LABELS, TERMS, mb_table, spec_range
 from reports.sarif import to_sarif
 
 FORMATS = ("json", "md", "junit", "html", "sarif")
@@ -18,6 +25,35 @@ FILE_NAMES = {"json": "aios-report.json", "md": "aios-report.md", "junit": "aios
               "html": "aios-report.html", "sarif": "aios-report.sarif"}
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a $GITHUB_STEP_SUMMARY larger than 1 MiB
 ICON = {Status.passed: "✅ pass", Status.failed: "❌ fail", Status.not_measured: "⚪ not measured", Status.error: "⚠️ error"}
+
+
+STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "not_measured": "yellow",
+                "error": "bold magenta"}
+
+
+def print_check(report: CheckReport, console: Console) -> None:
+    """The terminal scorecard of ``aios-contract check``: requirements, projection, tier, gate."""
+    t = Table(title=f"AIOS Model Contract v{report.contract_version} — {report.model['spec']}")
+    for col in ("Req", "Status", "Evidence", "Result"):
+        t.add_column(col)
+    for r in report.requirements:
+        s = r.status.value
+        t.add_row(f"{r.id} {r.title}", f"[{STATUS_STYLE[s]}]{s}[/]", r.evidence.value, r.summary)
+    console.print(t)
+    for r in report.requirements:
+        if r.formula:
+            console.print(f"  {r.id}: {r.formula}")
+        if r.command:
+            console.print(f"  {r.id}: to measure, run `{r.command}`")
+    p = report.projection
+    if p:
+        console.print(f"Projected MB/token (context {p.context}): {p.projected_mb_per_token:.3f} "
+                      f"vs {p.baseline_mb_per_token:.3f} baseline, reduction "
+                      f"{p.projected_reduction:.1%} [dim](projected, not measured; the contract "
+                      f"claims {spec_range(p)} for this tier)[/]")
+    g = report.gate
+    console.print(f"[bold]Tier: {report.tier_name}[/] · gate: {g.reason} · exit {g.exit_code} "
+                  f"· {report.seconds:.1f} s")
 
 
 def to_json(report: CheckReport) -> str:
@@ -64,8 +100,7 @@ def to_markdown(report: CheckReport, bench: dict | None = None) -> str:
             lines.append(f"  - to measure: `{r.command}`")
     p = report.projection
     if p:
-        spec = (f"{p.spec_projected_reduction[0]:.0%}–{p.spec_projected_reduction[1]:.0%}"
-                if p.spec_projected_reduction else "n/a")
+        spec = spec_range(p)
         lines += [
             "", f"### MB/token (projected, context {p.context})", "",
             "| Term | Baseline MB | Projected MB | Basis |", "|---|---|---|---|",

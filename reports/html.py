@@ -16,7 +16,7 @@ from typing import Iterable
 from contract.result import CheckReport, RequirementResult, Status
 from contract.spec import requirement
 from reports import plots
-from reports.measured import NOT_MEASURED, TERM_LABELS, TERMS, mb_table
+from reports.measured import NOT_MEASURED, TERM_LABELS, TERMS, mb_table, spec_range
 
 CSS = """
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#1f2328;
@@ -175,8 +175,7 @@ def _mb_per_token(report: CheckReport, bench: dict | None) -> str:
         rows.append(["measured", badge("s", "not_measured"), *([esc("—")] * len(keys)), esc(NOT_MEASURED)])
     series = [(c.label, [c.values.get(k) for k in keys], c.evidence) for c in t.columns]
     p = report.projection
-    spec = (f"{p.spec_projected_reduction[0]:.0%}–{p.spec_projected_reduction[1]:.0%}"
-            if p and p.spec_projected_reduction else "n/a")
+    spec = spec_range(p)
     return (table(["source", "evidence", *(f"{TERM_LABELS[k]} MB/token" for k in keys), "note"], rows,
                   set(range(2, 2 + len(keys))))
             + img(plots.mb_per_token([TERM_LABELS[k] for k in keys], series),

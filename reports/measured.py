@@ -10,11 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract.result import CheckReport
+from contract.result import CheckReport, Projection
 
 TERMS = ("weights", "kv_cache", "activations")
 TERM_LABELS = {"weights": "weights", "kv_cache": "KV cache", "activations": "activations", "total": "total"}
 NOT_MEASURED = "not measured — run aios-run bench"
+
+
+def spec_range(p: Projection | None) -> str:
+    """The contract's claimed reduction for the projected tier ("45%–60%"), or "n/a".
+
+    Every rendering of a projection (console, Markdown, HTML) quotes the claim through this.
+    """
+    lo_hi = p.spec_projected_reduction if p else None
+    return f"{lo_hi[0]:.0%}–{lo_hi[1]:.0%}" if lo_hi else "n/a"
 
 
 def _bench_term(projection_term: str) -> str:

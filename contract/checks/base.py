@@ -10,8 +10,8 @@ from contract.spec import CURRENT_VERSION, requirement
 Progress = Callable[[str, int, int], None]  # (task description, done, total)
 
 
-def _no_progress(_task: str, _done: int, _total: int) -> None:
-    pass
+def no_progress(_task: str, _done: int, _total: int) -> None:
+    """The default :data:`Progress`: report nothing (library callers without a bar)."""
 
 
 @dataclass
@@ -21,15 +21,20 @@ class CheckContext:
     max_tokens: int = 128
     context: int = 4096
     spec_version: str = CURRENT_VERSION
-    progress: Progress = _no_progress
+    progress: Progress = no_progress
     cache: dict[str, Any] = field(default_factory=dict)  # shared measurements (e.g. R1 stats)
 
     def spec(self, rid: str) -> dict[str, Any]:
         return requirement(rid, self.spec_version)
 
 
-def fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float, *, group_bytes: bool = True) -> str:
+    """``n`` bytes in the largest binary unit it reaches (2 decimals), else plain bytes.
+
+    The one byte formatter of the checks and ``aios-contract inspect``. ``group_bytes=False``
+    prints sub-KiB counts without a thousands separator ("1000 B"), as ``inspect`` always has.
+    """
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= size:
             return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f} B"
+    return f"{n:,.0f} B" if group_bytes else f"{n:.0f} B"
