@@ -3,6 +3,11 @@
 The first (file, mode) run is the baseline; every other run gets its measured MB/token
 reduction against it, next to the checker's *projected* reduction for that artifact and
 the ratio measured / projected — the line that confirms or refutes the contract's promise.
+
+Layering: a top-level application like the ``*/cli.py`` commands — it composes the runtime
+with ``contract.check`` (the projection) sideways; no library module imports this one.
+The bench's Markdown (:func:`to_markdown`) lives here too, so ``aios-run bench -o`` and
+``aios-contract report`` render the same bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from aios import __version__
 from aios.data import load_heldout
 from aios.errors import AiosError, UsageError
 from aios.io import write_atomic
-from runtime.generate import Sampling, generate, load_tokenizer
+from runtime.generate import Sampling, Timing, generate, load_tokenizer
 from runtime.model import LOSSY_MODES, MODES, RELU_FAMILY, Model
 
 BENCH_SCHEMA_VERSION = "1"
@@ -52,6 +57,19 @@ class BenchRow:
     measured_over_projected: float | None = None
     projection_note: str = ""
     notes: list[str] = field(default_factory=list)
+
+
+def decode_mb_per_token(tm: Timing) -> dict[str, float]:
+    """Measured MB read per decode step, by term (weights, kv_cache, activations)."""
+    return {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
+
+
+def shares_weights(rows: list[dict]) -> bool:
+    """Whether a dense run reads clearly fewer distinct weight bytes than weight bytes per step:
+    a file sharing tensors between layers (aliased), whose distinct bytes are worth showing."""
+    return any(r.get("distinct_weight_mb_per_token") is not None and r["mode"] == "dense"
+               and r["distinct_weight_mb_per_token"] < 0.95 * r["decode_mb_per_token"]["weights"]
+               for r in rows)
 
 
 def _prompt_ids(tok, n_tokens: int) -> list[int]:
@@ -153,7 +171,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
                 model.measure_fnr = True
                 generate(model, ids, n, chunk=chunk, sampling=Sampling())
                 model.measure_fnr = False
-            per_tok = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
+            per_tok = decode_mb_per_token(tm)
             hp = model.hp
             density = tm.decode_ffn_nnz / max(1, tm.generated * hp.n_layers * hp.d_ffn)
             rows.append(BenchRow(

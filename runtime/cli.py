@@ -1,4 +1,8 @@
-"""``aios-run``: run converted GGUF artifacts and measure MB/token."""
+"""``aios-run``: run converted GGUF artifacts and measure MB/token.
+
+The top layer: commands parse options, call one library function (``runtime.generate``,
+``runtime.bench``, ``runtime.predictor``) and render; the numbers come from those modules.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
+from runtime.model import MODES
 
 console = Console(highlight=False)
 MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations), map (static sparsity map, "
@@ -28,7 +33,7 @@ def main() -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate.")
-@click.option("--mode", type=click.Choice(["dense", "sparse", "map", "predict"]), default="dense", show_default=True,
+@click.option("--mode", type=click.Choice(MODES), default="dense", show_default=True,
               help=MODE_HELP)
 @click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
 @click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size (tokens per forward).")
@@ -40,8 +45,9 @@ def main() -> None:
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help="Folder with tokenizer.json (default: from the GGUF).")
 def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
+    from runtime.bench import decode_mb_per_token
     from runtime.generate import Sampling, generate as gen, load_tokenizer
-    from runtime.model import Model
+    from runtime.model import LOSSY_MODES, Model
 
     path = Path(model)
     m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
@@ -49,9 +55,7 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     ids = tok(prompt)["input_ids"]
     out, tm = gen(m, list(ids), n_tokens, chunk=chunk, sampling=Sampling(temperature, top_k, top_p, seed))
     console.print(prompt + tok.decode(out), soft_wrap=True)
-    per = {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
-    from runtime.model import LOSSY_MODES
-
+    per = decode_mb_per_token(tm)
     label = " (lossy)" if mode in LOSSY_MODES else ""
     console.print(
         f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s, {tm.generated} decode steps at "
@@ -106,7 +110,7 @@ def _two_ints(text: str) -> tuple[int, int]:
 def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
           cachegrind, ll_size, cachegrind_tokens, out_dir) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
-    from runtime.bench import bench as run_bench, write_bench
+    from runtime.bench import bench as run_bench, shares_weights, write_bench
 
     res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
@@ -115,9 +119,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens))
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     ppl = perplexity_tokens > 0
-    # a file sharing tensors between layers (aliased): also its distinct weight bytes per step
-    shared = any(r.get("distinct_weight_mb_per_token") is not None and r["mode"] == "dense"
-                 and r["distinct_weight_mb_per_token"] < 0.95 * r["decode_mb_per_token"]["weights"] for r in res["rows"])
+    shared = shares_weights(res["rows"])  # aliased file: also its distinct weight bytes per step
     for col in ("file", "mode", "decode tok/s", "MB/token") + (("distinct weights MB",) if shared else ()) + (
             "FFN density", "measured red.", "projected red.", "meas/proj") + (("held-out ppl",) if ppl else ()):
         t.add_column(col)
