@@ -19,7 +19,8 @@ import numpy as np
 from aios.errors import InvalidModelError, UsageError
 
 INT_KEYS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length")
-OPTIONAL_INT_KEYS = ("attention.head_count_kv", "context_length", "rope.dimension_count")
+OPTIONAL_INT_KEYS = ("attention.head_count_kv", "context_length", "rope.dimension_count",
+                     "attention.key_length")
 FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon")
 MAX_LAYERS = 4096
 
@@ -49,12 +50,14 @@ def check_hparams(store, arch: str, path: Path) -> None:
         raise InvalidModelError(f"{path}: 'aios.ffn_activation' is {a!r}, not a string.")
     d, h = vals["embedding_length"], vals["attention.head_count"]
     kv = vals.get("attention.head_count_kv", h)
-    if vals["block_count"] > MAX_LAYERS or d % h or h % kv:
+    explicit = "attention.key_length" in vals  # head size given: heads need not divide the width
+    if vals["block_count"] > MAX_LAYERS or (d % h and not explicit) or h % kv:
         raise InvalidModelError(
             f"{path}: inconsistent hyperparameters ({vals['block_count']} layers, width {d}, "
             f"{h} heads, {kv} KV heads): heads must divide the width and KV heads the heads.")
-    if vals.get("rope.dimension_count", d // h) > d // h:
-        raise bad("rope.dimension_count", vals["rope.dimension_count"], f"at most the head size {d // h}")
+    hd = vals.get("attention.key_length", d // h)
+    if vals.get("rope.dimension_count", hd) > hd:
+        raise bad("rope.dimension_count", vals["rope.dimension_count"], f"at most the head size {hd}")
 
 
 def check_cache(hp, path: Path, n_ctx_given: bool, available: int | None = None) -> None:
@@ -83,6 +86,8 @@ def _expected(hp) -> dict[str, tuple[int, ...]]:
     else:
         shapes.update({"attn_q.weight": (q, d), "attn_k.weight": (kv, d), "attn_v.weight": (kv, d),
                        "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
+    if hp.graph.qk_norm:
+        shapes.update({"attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)})
     if not hp.graph.parallel_attn_default:
         shapes["ffn_norm.weight"] = (d,)
     if hp.graph.gated_ffn:
@@ -103,7 +108,8 @@ def check_tensors(tensors: dict, hp, path: Path) -> None:
     for name in ("token_embd.weight", "output_norm.weight"):
         if name not in tensors:
             raise InvalidModelError(f"{path} has no '{name}' tensor; it is not a complete {hp.arch} model.")
-    want = {"output_norm.weight": (hp.d_model,), "output_norm.bias": (hp.d_model,)}
+    want = {"output_norm.weight": (hp.d_model,), "output_norm.bias": (hp.d_model,),
+            "rope_freqs.weight": (hp.rope_dims // 2,)}
     for name in ("token_embd.weight", "output.weight"):
         if name in tensors:
             s = _numpy_shape(tensors[name])

@@ -104,7 +104,7 @@ def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
 
     n_heads = int(f("attention.head_count"))
     d_model = int(f("embedding_length"))
-    hd = d_model // n_heads
+    hd = int(f("attention.key_length", d_model // n_heads))  # explicit when heads·hd != d_model
     return HParams(
         arch=arch,
         n_layers=int(f("block_count")),
@@ -170,6 +170,8 @@ class Model:
         self.v_cache = np.zeros_like(self.k_cache)
         self.pos = 0
         inv = hp.rope_base ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
+        if "rope_freqs.weight" in t:  # per-frequency divisors (Llama 3.1 RoPE scaling), as llama.cpp
+            inv = inv / vector(t["rope_freqs.weight"]).astype(np.float64)
         self._inv_freq = inv  # (rope_dims/2,)
 
     # --- loading ---------------------------------------------------------------------
@@ -217,6 +219,10 @@ class Model:
         if self.hp.graph.norm == "layer":
             return ops.layer_norm(x, w, _NO_BIAS if b is None else b, self.hp.norm_eps)
         return ops.rms_norm(x, w, self.hp.norm_eps)
+
+    def _head_norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:  # x (T, H, hd)
+        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        return ops.rms_norm(flat, w, self.hp.norm_eps).reshape(x.shape)
 
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:  # x (T, H, hd)
         x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
@@ -314,8 +320,13 @@ class Model:
                 q = self._mm(L["attn_q.weight"], h, i, bias=L.get("attn_q.bias"))
                 k = self._mm(L["attn_k.weight"], h, i, bias=L.get("attn_k.bias"))
                 v = self._mm(L["attn_v.weight"], h, i, bias=L.get("attn_v.bias"))
-            q = self._rope(q.reshape(T, hp.n_heads, hp.head_dim), positions)
-            k = self._rope(k.reshape(T, hp.n_kv, hp.head_dim), positions)
+            q = q.reshape(T, hp.n_heads, hp.head_dim)
+            k = k.reshape(T, hp.n_kv, hp.head_dim)
+            if g.qk_norm:  # RMSNorm over each head's vector, before RoPE
+                q = self._head_norm(q, L["attn_q_norm.weight"])
+                k = self._head_norm(k, L["attn_k_norm.weight"])
+            q = self._rope(q, positions)
+            k = self._rope(k, positions)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
             attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i)
             if g.parallel_attn_default:  # parallel attention and MLP on the same normed input

@@ -33,6 +33,9 @@ TINY_CONFIGS: dict[str, dict] = {
                     num_key_value_heads=1, intermediate_size=96, hidden_act="silu", vocab_size=128),
     "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=96, hidden_act="silu", vocab_size=128),
+    "qwen3": dict(model_type="qwen3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, intermediate_size=96, hidden_act="silu",
+                  vocab_size=128),
     "gemma2": dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, intermediate_size=96,
                    hidden_activation="gelu_pytorch_tanh", vocab_size=128),
@@ -42,6 +45,12 @@ TINY_CONFIGS: dict[str, dict] = {
     "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=64,
                  activation_function="gelu_new", vocab_size=128),
 }  # fmt: skip
+
+# Llama 3.1 RoPE scaling at tiny scale: with head_dim 16 and an original context of 64 the
+# frequencies fall in all three regimes (kept, divided by ``factor``, interpolated).
+LLAMA3_ROPE = dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                    "rope_theta": 10000.0})
 
 
 def build_hf_model(kind: str, folder: Path, *, shard_kb: int | None = None, **overrides) -> Path:

@@ -73,6 +73,10 @@ class Architecture:
     llama_cpp_ffn_activation: str = "silu"
     # --- GGUF export -----------------------------------------------------------------------
     export_model_types: tuple[str, ...] = ()  # model_type values the export writes correctly
+    # RoPE scaling types (config rope_type) the export writes the way llama.cpp runs them
+    rope_scaling_types: tuple[str, ...] = ("default", "linear")
+    # tensors the export computes from the config (convert/gguf/plan.py GENERATED_TENSORS)
+    generated_tensors: tuple[str, ...] = ()
     # (layout rule, HF tensor name fragment): rules convert/gguf/tensors.py applies to the
     # source tensor before encoding ("falcon_qkv", "rope_q", "rope_k", "transpose")
     layout_rules: tuple[tuple[str, str], ...] = ()
@@ -86,8 +90,9 @@ class Architecture:
         """Per-layer operators the forward pass calls (GGUF names relative to ``blk.N.``)."""
         attn = ("attn_qkv.weight",) if self.fused_qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
         ffn_norm = () if self.parallel_attn_default else ("ffn_norm.weight",)
+        qk_norm = ("attn_q_norm.weight", "attn_k_norm.weight") if self.qk_norm else ()
         gate = ("ffn_gate.weight",) if self.gated_ffn and not self.fused_gate_up else ()
-        return ("attn_norm.weight", *attn, "attn_output.weight", *ffn_norm, *gate,
+        return ("attn_norm.weight", *attn, *qk_norm, "attn_output.weight", *ffn_norm, *gate,
                 "ffn_up.weight", "ffn_down.weight")
 
     def layout_rule(self, hf_name: str) -> str | None:
@@ -183,6 +188,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         default_activation="silu",
         export_model_types=("llama", "mistral"),
         gguf_hparams=("vocab_size", "rope_dimension_count", "key_value_length", "rope_scaling"),
+        rope_scaling_types=("default", "linear", "llama3"),  # llama3: per-frequency factors
+        generated_tensors=("rope_freqs",),
         runtime=True,
         **_LLAMA_KEYS,
     ),
@@ -195,6 +202,20 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         default_activation="silu",
         rope="neox",
         export_model_types=("qwen2",),
+        runtime=True,
+        **{**_LLAMA_KEYS, "layout_rules": ()},
+    ),
+    Architecture(
+        name="qwen3",
+        hf_model_types=("qwen3",),
+        gguf_arch="QWEN3",
+        description="Qwen3: the Llama graph with per-head RMSNorm on q and k, NeoX RoPE, explicit head_dim",
+        activation_keys=("hidden_act",),
+        default_activation="silu",
+        rope="neox",
+        qk_norm=True,
+        export_model_types=("qwen3",),
+        gguf_hparams=("key_value_length",),
         runtime=True,
         **{**_LLAMA_KEYS, "layout_rules": ()},
     ),

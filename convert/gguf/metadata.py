@@ -25,7 +25,7 @@ from aios.models import ModelHandle
 from aios.models.architectures import activation_family
 from convert.gguf import sparsity
 from convert.gguf import tensors as gt
-from convert.gguf.plan import GGUFExportConfig
+from convert.gguf.plan import GGUFExportConfig, rope_parameters
 
 # how llama.cpp's CPU kernels deviate from the exact function, per activation family
 LLAMA_CPP_ACT_NOTES = {
@@ -37,8 +37,7 @@ LLAMA_CPP_ACT_NOTES = {
 def _rope_scaling(w, handle: ModelHandle) -> None:
     import gguf
 
-    c = handle.config
-    scaling = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    scaling = rope_parameters(handle.config)
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(scaling["factor"]))

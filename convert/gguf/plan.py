@@ -94,8 +94,8 @@ def check_exportable(handle: ModelHandle) -> None:
             f"GGUF export supports {', '.join(names[:-1])} and {names[-1]}; "
             f"'{handle.config.get('model_type')}' is not one of them."
         )
-    rope = handle.config.get("rope_parameters") or handle.config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "linear"):
+    rope = rope_parameters(handle.config)
+    if rope.get("rope_type", rope.get("type", "default")) not in handle.arch.rope_scaling_types:
         raise UnsupportedArchitectureError(
             f"RoPE scaling '{rope.get('rope_type', rope.get('type'))}' is not supported by the GGUF export yet."
         )
@@ -145,6 +145,8 @@ def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray]
         if info.dtype not in ("F32", "F16", "BF16"):
             raise InvalidModelError(f"Tensor '{info.name}' is {info.dtype}; export reads F32/F16/BF16 weights.")
         plan.append(plan_tensor(handle, name, info.name, outtype, rule=arch.layout_rule(info.name)))
+    for kind in arch.generated_tensors:
+        plan.extend(GENERATED_TENSORS[kind](handle))
     for i, m in (masks or {}).items():
         data = sparsity.mask_tensor(m)
         plan.append(PlannedTensor(sparsity.TENSOR_NAME.format(i=i), None, m.shape, "BOOL", "f32", 4 * m.size,
@@ -154,6 +156,51 @@ def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray]
         dup = next(n for n in names if names.count(n) > 1)
         raise InvalidModelError(f"Two source tensors map to GGUF tensor '{dup}'.")
     return sorted(plan, key=lambda p: tensor_order(p.name))
+
+
+def rope_parameters(config: dict) -> dict:
+    """The RoPE dict of an HF config: ``rope_scaling`` (transformers 4) or ``rope_parameters``
+    (transformers 5, which also holds ``rope_theta``); empty when neither is set."""
+    return config.get("rope_scaling") or config.get("rope_parameters") or {}
+
+
+def llama3_rope_factors(config: dict, head_dim: int) -> np.ndarray | None:
+    """Llama 3.1's per-frequency RoPE divisors (llama.cpp's ``rope_freqs`` tensor), or None
+    when the config has no ``llama3`` scaling.
+
+    Frequencies whose wavelength is shorter than ``original_max_position_embeddings /
+    high_freq_factor`` keep their value (divisor 1), longer than ``... / low_freq_factor`` are
+    divided by ``factor``, and those between are interpolated smoothly (Meta's published
+    formula, the one transformers' ``rope_type="llama3"`` applies to its inverse frequencies).
+    """
+    rope = rope_parameters(config)
+    if rope.get("rope_type", rope.get("type")) != "llama3":
+        return None
+    base = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    factor = float(rope.get("factor", 8.0))
+    low, high = float(rope.get("low_freq_factor", 1.0)), float(rope.get("high_freq_factor", 4.0))
+    old_ctx = float(rope.get("original_max_position_embeddings", 8192))
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv_freq
+    with np.errstate(divide="ignore", invalid="ignore"):  # high == low: no band in between
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        mid = 1 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < old_ctx / high, 1.0, np.where(wavelen > old_ctx / low, factor, mid))
+    return out.astype(np.float32)
+
+
+def _rope_freqs(handle: ModelHandle) -> list[PlannedTensor]:
+    factors = llama3_rope_factors(handle.config, handle.facts.head_dim)
+    if factors is None:
+        return []
+    return [PlannedTensor("rope_freqs.weight", None, factors.shape, "F32", "f32", factors.nbytes,
+                          data=lambda: factors)]
+
+
+# Tensors an export computes from the config, by the name rows use in ``generated_tensors``.
+GENERATED_TENSORS: dict[str, Callable[[ModelHandle], list[PlannedTensor]]] = {
+    "rope_freqs": _rope_freqs,
+}
 
 
 def _rows_of(data: np.ndarray, shape: tuple[int, ...]):

@@ -250,11 +250,16 @@ def test_sentencepiece_style_tokenizer_in_llama_cpp(tmp_path):
         llm.close()
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder", "qwen2"])
+@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder", "qwen2", "qwen3", "llama3"])
 def test_other_layouts_llama_cpp_parity(tmp_path, kind):
-    """GPT-2's transposed Conv1D, Falcon-40B's grouped QKV and Qwen2's q/k/v biases with NeoX
-    RoPE (q/k not permuted), on random tiny models."""
-    folder = with_tokenizer_of(build_hf_model(kind, tmp_path / kind, vocab_size=2048))
+    """GPT-2's transposed Conv1D, Falcon-40B's grouped QKV, Qwen2's q/k/v biases with NeoX
+    RoPE (q/k not permuted), Qwen3's q/k norms and Llama 3.1's RoPE factors, on random tiny
+    models."""
+    from tests.conftest import LLAMA3_ROPE
+
+    extra = LLAMA3_ROPE if kind == "llama3" else {}
+    folder = with_tokenizer_of(build_hf_model(kind.replace("llama3", "llama"), tmp_path / kind,
+                                              vocab_size=2048, **extra))
     out = export(folder, tmp_path / f"{kind}.gguf")
     h = resolve_model(str(folder))
     ref = h.load_torch(dtype="float32")
@@ -356,7 +361,7 @@ def test_user_errors_exit_codes(tmp_path, hf_model):
     assert res.exit_code == 4 and "Traceback" not in res.output
     assert run("tiny-llama", "-o", str(out), "--outtype", "q5_k").exit_code == 2
     res = run(str(hf_model("gemma2")), "-o", str(out))
-    assert res.exit_code == 4 and "supports falcon, llama, mistral and gpt2" in res.output
+    assert res.exit_code == 4 and "supports falcon, llama, mistral, qwen2, qwen3 and gpt2" in res.output
     bad = tmp_path / "bad"
     shutil.copytree(fixture_dir("tiny-llama"), bad)
     (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{broken")

@@ -37,23 +37,28 @@ def test_f32_logits_match_transformers(exported, fixture):
     assert np.abs(step - ref).max() <= 1e-4
 
 
-def test_qwen2_row_runs_with_transformers_logits(tmp_path):
-    """A row added by data alone (q/k/v biases, NeoX RoPE, RMSNorm, gated SiLU): the export and
-    the forward pass read the graph off the row, and the logits match transformers'."""
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3"])
+def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
+    """Graph features read off the architecture row: Qwen2's q/k/v biases and NeoX RoPE,
+    Qwen3's per-head q/k RMSNorm and explicit head_dim, Llama 3.1's RoPE frequency factors
+    (``rope_freqs``); the export and the forward pass match transformers' logits."""
     import shutil
 
     from aios.models.aliases import FIXTURES_DIR
     from convert.gguf import GGUFExportConfig, export_gguf
-    from tests.conftest import build_hf_model
+    from tests.conftest import LLAMA3_ROPE, build_hf_model
 
-    src = build_hf_model("qwen2", tmp_path / "qwen2", vocab_size=2048)
+    extra = LLAMA3_ROPE if kind == "llama3" else {}
+    src = build_hf_model(kind.replace("llama3", "llama"), tmp_path / kind, vocab_size=2048, **extra)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
-    path = tmp_path / "qwen2.gguf"
+    path = tmp_path / f"{kind}.gguf"
     export_gguf(str(src), path, GGUFExportConfig("f32"))
     ids, ref = _hf_logits(src)
     m = Model(path)
-    assert m.hp.graph.name == "qwen2" and "blk.0.attn_q.bias" in {t.name for t in m.reader.tensors}
+    names = {t.name for t in m.reader.tensors}
+    assert m.hp.graph.name == kind.replace("llama3", "llama")
+    assert {"qwen2": "blk.0.attn_q.bias", "qwen3": "blk.0.attn_k_norm.weight", "llama3": "rope_freqs.weight"}[kind] in names
     out = m.forward(ids, all_logits=True)
     assert np.abs(out - ref).max() <= 1e-4
     m.reset()

@@ -93,7 +93,7 @@ def test_falcon_7b_alias_facts():
     assert (f.n_layers, f.d_model, f.n_heads, f.n_kv_heads, f.head_dim, f.d_ffn) == (32, 4544, 71, 1, 64, 18176)
     assert f.activation == "gelu" and f.parallel_attn and f.tied_embeddings and not f.gated_ffn
     assert f.attention_kind == "MQA"
-    # R2 formula from DESIGN §2: L x H_kv x d_head x C x 4 bytes at C = 4096 -> 32 MiB
+    # R2 formula (docs/design.md, "The contract"): L x H_kv x d_head x C x 4 bytes at C = 4096 -> 32 MiB
     assert f.n_layers * f.n_kv_heads * f.head_dim * 4096 * 4 == 32 * 2**20
     assert not h.has_weights
 
