@@ -25,14 +25,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from aios import quant  # noqa: E402
 from runtime import kernels as K  # noqa: E402
-from runtime.kernels_k import xsum  # noqa: E402
+from runtime.kernels_k import SUB_BLOCK, xsum  # noqa: E402
 
 N, D = 5632, 2048
 
 
-def _split(raw: np.ndarray, blk: int) -> tuple[np.ndarray, np.ndarray]:
-    b = raw.reshape(N, D // 32, blk)
+def _split(raw: np.ndarray, t: str) -> tuple[np.ndarray, np.ndarray]:
+    b = raw.reshape(N, D // quant.block_size(t), quant.type_size(t))
     return np.ascontiguousarray(b[:, :, 2:]).reshape(N, -1), np.ascontiguousarray(b[:, :, :2]).view(np.uint16).reshape(N, -1)
 
 
@@ -53,12 +54,12 @@ def main() -> None:
     everything = np.arange(N, dtype=np.int64)
     tenth = np.sort(rng.choice(N, N // 10, replace=False)).astype(np.int64)
     a = rng.standard_normal(N).astype(np.float32)
-    q8, d8 = _split(quantize(W, G.Q8_0), 34)
-    q4, d4 = _split(quantize(W, G.Q4_0), 18)
+    q8, d8 = _split(quantize(W, G.Q8_0), "q8_0")
+    q4, d4 = _split(quantize(W, G.Q4_0), "q4_0")
     kq = {k: np.frombuffer(kquantize(W, k), np.uint8).reshape(N, -1).copy() for k in ("q4_k", "q6_k", "q2_k")}
     f16 = W.astype(np.float16).view(np.uint16)
     bf16 = (W.view(np.uint32) >> 16).astype(np.uint16)
-    x32, x16 = xsum(x, 32), xsum(x, 16)
+    x32, x16 = xsum(x, SUB_BLOCK["Q4_K"]), xsum(x, SUB_BLOCK["Q2_K"])
     cases = {  # name: (arrays copied to fill the size, call(arrays, Y), stored bytes read per call)
         "f32": ([W], lambda m, Y: K.mm_f32(m[0], x, everything, Y), W.nbytes),
         "f16": ([f16], lambda m, Y: K.mm_f16(m[0], x, everything, Y), f16.nbytes),

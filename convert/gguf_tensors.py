@@ -31,9 +31,9 @@ FALLBACK = {"q8_0": "f16", "q4_0": "f16", "bf16": "f16", "q4_k": "q4_0", "q6_k":
 
 
 def ggml_type(outtype: str):
-    import gguf
+    from aios import quant
 
-    return gguf.GGMLQuantizationType[outtype.upper()]
+    return quant.qtype(outtype)
 
 
 def llama_file_type(outtype: str):
@@ -53,27 +53,27 @@ def llama_file_type(outtype: str):
 
 def choose_type(shape: tuple[int, ...], outtype: str) -> tuple[str, str | None]:
     """(type to write, reason it differs from ``outtype`` or None) for a tensor of ``shape``."""
-    import gguf
+    from aios import quant
 
     if len(shape) < 2:
         return "f32", None  # norms and biases: llama.cpp computes them in F32
-    block, _ = gguf.GGML_QUANT_SIZES[ggml_type(outtype)]
+    block = quant.block_size(outtype)
     if shape[-1] % block == 0:
         return outtype, None
-    why = f"row length {shape[-1]} is not a multiple of the {outtype.upper()} block ({block})"
+    name = quant.qtype(outtype).name
+    why = f"row length {shape[-1]} is not a multiple of the {name} block ({block})"
     fb = FALLBACK.get(outtype, "f32")
-    while shape[-1] % gguf.GGML_QUANT_SIZES[ggml_type(fb)][0]:  # the fallback's own blocks must fit
+    while shape[-1] % quant.block_size(fb):  # the fallback's own blocks must fit
         fb = FALLBACK.get(fb, "f32")
     return fb, why
 
 
 def encoded_nbytes(shape: tuple[int, ...], outtype: str) -> int:
-    import gguf
+    from aios import quant
 
-    block, type_size = gguf.GGML_QUANT_SIZES[ggml_type(outtype)]
     n = int(np.prod(shape, dtype=np.int64))
-    assert n % block == 0, (shape, outtype)
-    return n // block * type_size
+    assert n % quant.block_size(outtype) == 0, (shape, outtype)
+    return quant.row_bytes(outtype, n)
 
 
 # --- llama.cpp layouts (torch tensors; shapes in numpy/row-major order) ---------------------

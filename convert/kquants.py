@@ -43,11 +43,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
+from aios import quant
 from aios.errors import UsageError
+from aios.quant import QK_K
 
-QK_K = 256
 TYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
-BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+BLOCK_BYTES = {t: quant.type_size(t) for t in TYPES}  # bytes per super-block (gguf-py's table)
 F16_MAX = 65504.0
 F16_TINY = 2.0**-24  # smallest fp16 subnormal
 SYM_STEP = 0.2  # symmetric sweep: the largest value mapped to its end level ± 0..1 in these steps
@@ -79,7 +80,8 @@ def quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None = None) -
         raise UsageError(f"quantize needs a 2-D array (rows, columns), got shape {x.shape}.")
     n_rows, n_cols = x.shape
     if n_cols % QK_K or n_cols == 0:
-        raise UsageError(f"{t.upper()} needs rows whose length is a multiple of {QK_K}; got {n_cols}.")
+        raise UsageError(f"{quant.qtype(t).name} needs rows whose length is a multiple of {QK_K}; "
+                         f"got {n_cols}.")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
         raise UsageError("The tensor to quantize contains NaN or infinite values.")
@@ -95,10 +97,9 @@ def quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None = None) -
 
 def dequantize(q: np.ndarray, type_name: str) -> np.ndarray:
     """uint8 (n_rows, row_bytes) -> float32 (n_rows, n_cols), by gguf-py's decoder."""
-    import gguf
     from gguf.quants import dequantize as gguf_dequantize
 
-    return gguf_dequantize(q, gguf.GGMLQuantizationType[type_name.upper()])
+    return gguf_dequantize(q, quant.qtype(type_name))
 
 
 def _threaded(fn, x: np.ndarray, wb: np.ndarray, params: tuple) -> list[np.ndarray]:
@@ -540,7 +541,6 @@ def llama_cpp_quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None
     import ctypes
     from pathlib import Path
 
-    import gguf
     import llama_cpp
 
     lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
@@ -548,10 +548,10 @@ def llama_cpp_quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None
     lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-    qt = int(gguf.GGMLQuantizationType[type_name.upper()])
+    qt = int(quant.qtype(type_name))
     x = np.ascontiguousarray(x, dtype=np.float32)
     n_rows, n_cols = x.shape
-    out = np.zeros((n_rows, row_bytes(n_cols, type_name.lower())), np.uint8)
+    out = np.zeros((n_rows, row_bytes(n_cols, quant.outtype_name(type_name))), np.uint8)
     im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
     lib.ggml_quantize_init(qt)
     n = lib.ggml_quantize_chunk(qt, x.ctypes.data, out.ctypes.data, 0, n_rows, n_cols,

@@ -32,7 +32,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-QK = 32  # elements per Q8_0 / Q4_0 block
+from aios.quant import QK_K, block_size, type_size
+
+QK = block_size("Q8_0")  # elements per Q8_0 / Q4_0 block (gguf-py's table, like every block size)
+assert block_size("Q4_0") == QK
 SPARSE_CHUNKS = 8  # partial sums per sparse down-projection call: balances two to eight threads
 
 LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -240,12 +243,19 @@ axpy4_f32, axpy4_f16, axpy4_bf16 = _axpy4("f32"), _axpy4("f16"), _axpy4("bf16")
 
 
 # --- block formats: Q8_0 and Q4_0, one 32-value block as <32 x float> ------------------------
+# ggml's block_q8_0 {half d; int8 qs[QK]} and block_q4_0 {half d; uint8 qs[QK/2]}: the runtime
+# keeps the fp16 d apart (``Matrix.scales``), so a row's quants are the blocks minus 2 bytes each.
+Q_BYTES = {"q8_0": type_size("Q8_0") - 2, "q4_0": type_size("Q4_0") - 2}  # quant bytes per block
+assert QK == V32F.count  # one block decodes to one <32 x float>
+
+
 def _q8_0_block(b, q, blk):
-    return b.sitofp(_vload(b, q, b.mul(blk, _c(blk.type, 32)), ir.VectorType(I8, 32), 1), V32F)
+    off = b.mul(blk, _c(blk.type, Q_BYTES["q8_0"]))
+    return b.sitofp(_vload(b, q, off, ir.VectorType(I8, 32), 1), V32F)
 
 
 def _q4_0_block(b, q, blk):
-    packed = _vload(b, q, b.mul(blk, _c(blk.type, 16)), ir.VectorType(I8, 16), 1)
+    packed = _vload(b, q, b.mul(blk, _c(blk.type, Q_BYTES["q4_0"])), ir.VectorType(I8, 16), 1)
     lo = b.and_(packed, _c(packed.type, [15] * 16))
     hi = b.lshr(packed, _c(packed.type, [4] * 16))
     both = b.shuffle_vector(lo, hi, _c(ir.VectorType(I32, 32), list(range(32))))  # elements 0-15, 16-31
@@ -267,10 +277,10 @@ def _dot4_block_codegen(fmt):
         nb = args[3 * ROWS + 1]
         ity = nb.type
         c16 = _c(ity, 16)
-        row_bytes_per_block = 32 if fmt == "q8_0" else 16
+        row_bytes_per_block = Q_BYTES[fmt]
 
         def step(blk, accs, scale_of):
-            xv = _vload(builder, x, builder.mul(blk, _c(ity, 32)), V32F, 4)
+            xv = _vload(builder, x, builder.mul(blk, _c(ity, QK)), V32F, 4)
             for j in range(ROWS):
                 p = builder.fmul(decode(builder, qs[j], blk), xv, flags=FAST)
                 accs = _accumulate(builder, accs, j, builder.fmul(p, scale_of(j), flags=FAST))
@@ -325,7 +335,20 @@ dot4_q4_0.__doc__ = "Four Q4_0 rows (packed nibbles as in GGUF, fp16 scale bits)
 # sub-block scales are unpacked with scalar integer ops, the quants 32 at a time as vectors.
 # Affine types (Q2_K, Q4_K) add −dmin·m·Σx per sub-block from ``xs`` (Σx per sub-block,
 # computed once per call and shared by every row).
-KQ_BYTES = {"q2_k": 84, "q4_k": 144, "q6_k": 210}
+KQ_BYTES = {t: type_size(t) for t in ("q2_k", "q4_k", "q6_k")}  # bytes per super-block
+# Byte offsets inside one super-block: layout facts of ggml's structs (ggml-common.h),
+#   block_q4_K {half d; half dmin; uint8 scales[12]; uint8 qs[QK_K/2]}
+#   block_q6_K {uint8 ql[QK_K/2]; uint8 qh[QK_K/4]; int8 scales[QK_K/16]; half d}
+#   block_q2_K {uint8 scales[QK_K/16]; uint8 qs[QK_K/4]; half d; half dmin}
+Q4K_SCALES = 4
+Q4K_QS = Q4K_SCALES + 12
+Q6K_QH = QK_K // 2
+Q6K_SCALES = Q6K_QH + QK_K // 4
+Q6K_D = Q6K_SCALES + QK_K // 16
+Q2K_QS = QK_K // 16
+Q2K_D = Q2K_QS + QK_K // 4
+# the layouts above and gguf-py's table agree on each type's bytes per super-block
+assert KQ_BYTES == {"q4_k": Q4K_QS + QK_K // 2, "q6_k": Q6K_D + 2, "q2_k": Q2K_D + 4}
 V32I8 = ir.VectorType(I8, 32)
 
 
@@ -354,7 +377,7 @@ def _bits(b, v, shift, mask):  # (v >> shift) & mask on <32 x i8>, logical shift
 def _q4_k_row(b, p, base, xv, xs):
     """(Σ_j d·sc_j·Σ q·x as <16 x float>, Σ_j dmin·m_j·Σx_j) for one Q4_K super-block of a row."""
     d, dmin = _f16_at(b, p, base), _f16_at(b, p, b.add(base, _c(base.type, 2)))
-    s = [_u8(b, p, b.add(base, _c(base.type, 4 + i))) for i in range(12)]
+    s = [_u8(b, p, b.add(base, _c(base.type, Q4K_SCALES + i))) for i in range(12)]
     c = lambda v: _c(I32, v)  # noqa: E731
     sc, m = [], []
     for j in range(8):  # ggml's get_scale_min_k4
@@ -368,7 +391,7 @@ def _q4_k_row(b, p, base, xv, xs):
     lo16, hi16 = _c(ir.VectorType(I32, 16), list(range(16))), _c(ir.VectorType(I32, 16), list(range(16, 32)))
     undef = ir.Constant(V32F, ir.Undefined)
     for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
-        q = _vload(b, p, b.add(base, _c(base.type, 16 + 32 * jj)), V32I8, 1)
+        q = _vload(b, p, b.add(base, _c(base.type, Q4K_QS + 32 * jj)), V32I8, 1)
         for half, qv in ((0, _bits(b, q, 0, 15)), (1, _bits(b, q, 4, None))):
             j = 2 * jj + half
             # fold the sub-block's 32 products to 16 lanes first (a multiply and a fused
@@ -387,12 +410,13 @@ def _q4_k_row(b, p, base, xv, xs):
 def _q6_k_row(b, p, base, xv, xs):
     """Σ d·sc·q·x for one Q6_K super-block (ql[128], qh[64], int8 scales[16], fp16 d)."""
     off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
-    d = _f16_at(b, p, off(208))
-    sc = [b.fmul(d, b.sitofp(b.load(b.gep(p, [off(192 + i)])), F32), flags=FAST) for i in range(16)]
+    d = _f16_at(b, p, off(Q6K_D))
+    sc = [b.fmul(d, b.sitofp(b.load(b.gep(p, [off(Q6K_SCALES + i)])), F32), flags=FAST)
+          for i in range(16)]
     acc = None
     for n in range(2):  # 128 values each
         A, B = _vload(b, p, off(64 * n), V32I8, 1), _vload(b, p, off(64 * n + 32), V32I8, 1)
-        H = _vload(b, p, off(128 + 32 * n), V32I8, 1)
+        H = _vload(b, p, off(Q6K_QH + 32 * n), V32I8, 1)
         for g, (low, hsh) in enumerate(((_bits(b, A, 0, 15), 0), (_bits(b, B, 0, 15), 2),
                                         (_bits(b, A, 4, None), 4), (_bits(b, B, 4, None), 6))):
             q = b.or_(low, b.shl(_bits(b, H, hsh, 3), _c(V32I8, [4] * 32)))
@@ -406,13 +430,13 @@ def _q6_k_row(b, p, base, xv, xs):
 def _q2_k_row(b, p, base, xv, xs):
     """Q2_K super-block: scales[16] (4-bit scale | 4-bit min), qs[64], fp16 d, fp16 dmin."""
     off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
-    d, dmin = _f16_at(b, p, off(80)), _f16_at(b, p, off(82))
+    d, dmin = _f16_at(b, p, off(Q2K_D)), _f16_at(b, p, off(Q2K_D + 2))
     s = [_u8(b, p, off(i)) for i in range(16)]
     dl = [b.fmul(d, b.uitofp(b.and_(v, _c(I32, 15)), F32), flags=FAST) for v in s]
     ml = [b.fmul(dmin, b.uitofp(b.lshr(v, _c(I32, 4)), F32), flags=FAST) for v in s]
     acc = mins = None
     for n in range(2):
-        Q = _vload(b, p, off(16 + 32 * n), V32I8, 1)
+        Q = _vload(b, p, off(Q2K_QS + 32 * n), V32I8, 1)
         for j in range(4):  # values 128n + 32j + l: bits 2j of qs[32n + l]
             qf = b.uitofp(_bits(b, Q, 2 * j, 3), V32F)
             k = 8 * n + 2 * j
@@ -445,7 +469,7 @@ def _dot4_kq_codegen(fmt):
 
         def body(sb, accs):
             base = builder.mul(sb, _c(ity, nbytes))
-            xo = builder.mul(sb, _c(ity, 256))
+            xo = builder.mul(sb, _c(ity, QK_K))
             xv = [_vload(builder, x, builder.add(xo, _c(ity, 32 * u)), V32F, 4) for u in range(8)]
             xo = builder.mul(sb, _c(ity, max(1, nxs)))
             xs = [builder.load(builder.gep(xsum, [builder.add(xo, _c(ity, u))])) for u in range(nxs)]
@@ -576,9 +600,9 @@ Q2_K_ROWS, Q4_K_ROWS, Q6_K_ROWS = 0, 1, 2
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _mm_block(qs, d, X, rows, Y, kind):  # qs quants (n, ·) int8/uint8; d (n, k/32) fp16 bits
+def _mm_block(qs, d, X, rows, Y, kind):  # qs quants (n, ·) int8/uint8; d (n, k/QK) fp16 bits
     T, k = X.shape
-    nb = k // 32
+    nb = k // QK
     for g in prange((rows.shape[0] + 3) // 4):
         i0, i1, i2, i3 = _group(rows, g)
         n0, n1, n2, n3 = _group(rows, g + 1)
@@ -601,9 +625,9 @@ def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/256 · block bytes) uint8; xs Σx per sub-block
+def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; xs Σx per sub-block
     T, k = X.shape
-    nsb = k // 256
+    nsb = k // QK_K
     for g in prange((rows.shape[0] + 3) // 4):
         i0, i1, i2, i3 = _group(rows, g)
         n0, n1, n2, n3 = _group(rows, g + 1)

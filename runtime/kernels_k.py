@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from aios.quant import QK_K, type_size
 from runtime.kernels import mm_q2_k, mm_q4_k, mm_q6_k  # noqa: F401  (re-exported)
 
-QK_K = 256
-BLOCK_BYTES = {"Q2_K": 84, "Q4_K": 144, "Q6_K": 210}
+TYPES = ("Q2_K", "Q4_K", "Q6_K")
+BLOCK_BYTES = {t: type_size(t) for t in TYPES}  # bytes per super-block, from gguf-py's table
+# values per sub-block whose Σx the affine kernels subtract (ggml's block_q2_K: 16 scales,
+# block_q4_K: 8 per super-block)
+SUB_BLOCK = {"Q2_K": QK_K // 16, "Q4_K": QK_K // 8}
 
 
 def xsum(X: np.ndarray, sub: int) -> np.ndarray:

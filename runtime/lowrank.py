@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aios import quant
 from aios.errors import InvalidModelError, UsageError
 from runtime.weights import Matrix, from_gguf_tensor
 
@@ -60,7 +61,7 @@ class FlatResidual:
         import gguf
 
         flat = np.zeros(self.raw.shape[0] * self.block, np.float32)
-        qtype = gguf.GGMLQuantizationType[self.kind]
+        qtype = quant.qtype(self.kind)
         vals = gguf.dequantize(np.ascontiguousarray(self.raw[blocks]).reshape(-1), qtype).reshape(-1, self.block)
         flat.reshape(-1, self.block)[blocks] = vals
         return flat[: self.n_out * self.n_in].reshape(self.n_out, self.n_in)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Literal, Protocol
 
 import numpy as np
 
+from aios import quant
 from aios.errors import InvalidModelError
 from runtime import kernels as K
 from runtime import kernels_k as KK
-
-KQUANT_TYPES = ("Q2_K", "Q4_K", "Q6_K")  # stored as raw GGUF block rows, decoded in the kernel
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0") + KQUANT_TYPES
 
 
 class Linear(Protocol):
@@ -41,7 +39,7 @@ class Matrix:
     """A 2-D weight (n_out rows × n_in columns, row-major as llama.cpp stores it)."""
 
     name: str
-    kind: str  # one of SUPPORTED_TYPES
+    kind: str  # one of SUPPORTED_TYPES (a key of KERNELS)
     n_out: int
     n_in: int
     data: np.ndarray  # F32: float32 (n, k); F16/BF16: uint16 (n, k); Q*_0: int8/uint8 quants; Q*_K: raw block bytes
@@ -73,43 +71,19 @@ class Matrix:
         assert X.shape[1] == self.n_in, (self.name, X.shape, self.n_in)
         Y = np.zeros((X.shape[0], self.n_out), np.float32)
         r = np.arange(self.n_out, dtype=np.int64) if rows is None else rows
-        if self.kind == "F32":
-            K.mm_f32(self.data, X, r, Y)
-        elif self.kind == "F16":
-            K.mm_f16(self.data, X, r, Y)
-        elif self.kind == "BF16":
-            K.mm_bf16(self.data, X, r, Y)
-        elif self.kind == "Q8_0":
-            K.mm_q8_0(self.data, self.scales, K.LUT_F16, X, r, Y)
-        elif self.kind == "Q4_0":
-            K.mm_q4_0(self.data, self.scales, K.LUT_F16, X, r, Y)
-        elif self.kind == "Q4_K":
-            KK.mm_q4_k(self.data, K.LUT_F16, X, KK.xsum(X, 32), r, Y)
-        elif self.kind == "Q2_K":
-            KK.mm_q2_k(self.data, K.LUT_F16, X, KK.xsum(X, 16), r, Y)
-        else:
-            KK.mm_q6_k(self.data, K.LUT_F16, X, r, Y)
+        KERNELS[self.kind].matmul(self, X, r, Y)
         return Y
 
     def rows_f32(self, rows: np.ndarray) -> np.ndarray:
         """Selected rows decoded to float32 (embedding look-ups read only these rows)."""
-        from gguf import GGMLQuantizationType, dequantize
+        from gguf import dequantize
 
         assert self.kind in KQUANT_TYPES, self.kind
-        return dequantize(self.data[rows], GGMLQuantizationType[self.kind]).astype(np.float32)
+        return dequantize(self.data[rows], quant.qtype(self.kind)).astype(np.float32)
 
     def dense(self) -> np.ndarray:
         """Dequantized float32 copy (tests and transposition only)."""
-        if self.kind == "F32":
-            return np.array(self.data)
-        if self.kind == "F16":
-            return K.LUT_F16[self.data]
-        if self.kind == "BF16":
-            return K.LUT_BF16[self.data]
-        if self.kind in KQUANT_TYPES:
-            return self.rows_f32(np.arange(self.n_out))
-        eye = np.eye(self.n_in, dtype=np.float32)
-        return self.matmul(eye).T.copy()
+        return KERNELS[self.kind].dense(self)
 
 
 @dataclass
@@ -130,39 +104,110 @@ class TransposedMatrix:
 
     def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
         y = np.empty(self.data.shape[1], np.float32)
-        if self.kind == "F32":
-            K.sparse_rows_f32(self.data, a, active, y)
-        elif self.kind == "F16":
-            K.sparse_rows_f16(self.data, a, active, y)
-        else:
-            K.sparse_rows_bf16(self.data, a, active, y)
+        KERNELS[self.kind].sparse(self.data, a, active, y)
         return y
+
+
+# --- the kernel registry ------------------------------------------------------------------------
+# What the runtime runs, one entry per GGUF tensor type: a type is supported exactly when it has
+# an entry, so adding a type is adding a row here (and its kernel), not editing every method.
+
+Layout = Literal["elements", "split", "blocks"]
+Loaded = tuple[np.ndarray, np.ndarray | None]  # (Matrix.data, Matrix.scales)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """How the runtime stores, multiplies and decodes one GGUF tensor type.
+
+    ``layout`` says how ``from_gguf_tensor`` arranges the file's bytes: "elements" keeps one
+    value per element (F32 as float32, F16/BF16 as uint16 bits); "split" separates each
+    block's fp16 scale from its quants (Q8_0/Q4_0: ``Matrix.scales``, so the kernel reads
+    16 scales as one vector); "blocks" keeps whole K-quant super-blocks per row, decoded in
+    the kernel. Either way a row holds exactly the file's bytes, which the byte counter reports.
+    """
+
+    layout: Layout
+    load: Callable[[str, np.ndarray, int, int], Loaded]  # (kind, raw, n_out, n_in)
+    matmul: Callable[[Matrix, np.ndarray, np.ndarray, np.ndarray], None]  # (m, X, rows, Y)
+    dense: Callable[[Matrix], np.ndarray]  # the float32 (n_out, n_in) values
+    sparse: Callable[..., None] | None = None  # sparse_rows_* over Wᵀ (float element types only)
+
+
+def _load_f32(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
+    return raw.reshape(n_out, n_in), None
+
+
+def _load_u16(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
+    return raw.view(np.uint16).reshape(n_out, n_in), None
+
+
+def _load_blocks(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
+    # row bytes = the stored bytes per row, scales included
+    return raw.view(np.uint8).reshape(n_out, quant.row_bytes(kind, n_in)), None
+
+
+def _load_split(quants: type[np.integer]) -> Callable[[str, np.ndarray, int, int], Loaded]:
+    """Loader for ggml's {half d; quants} blocks: fp16 scale bits and ``quants``-typed quants."""
+
+    def load(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
+        nb = n_in // quant.block_size(kind)
+        blocks = raw.reshape(n_out, nb, quant.type_size(kind))
+        scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16).reshape(n_out, nb)
+        qs = np.ascontiguousarray(blocks[:, :, 2:]).reshape(n_out, -1).view(quants)
+        return qs, scales
+
+    return load
+
+
+def _dense_by_matmul(m: Matrix) -> np.ndarray:
+    eye = np.eye(m.n_in, dtype=np.float32)
+    return m.matmul(eye).T.copy()
+
+
+def _dense_kquant(m: Matrix) -> np.ndarray:
+    return m.rows_f32(np.arange(m.n_out))
+
+
+KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPPORTED_TYPES
+    "F32": KernelSpec("elements", _load_f32, lambda m, X, r, Y: K.mm_f32(m.data, X, r, Y),
+                      lambda m: np.array(m.data), K.sparse_rows_f32),
+    "F16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_f16(m.data, X, r, Y),
+                      lambda m: K.LUT_F16[m.data], K.sparse_rows_f16),
+    "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_bf16(m.data, X, r, Y),
+                       lambda m: K.LUT_BF16[m.data], K.sparse_rows_bf16),
+    "Q8_0": KernelSpec("split", _load_split(np.int8),
+                       lambda m, X, r, Y: K.mm_q8_0(m.data, m.scales, K.LUT_F16, X, r, Y),
+                       _dense_by_matmul),
+    "Q4_0": KernelSpec("split", _load_split(np.uint8),
+                       lambda m, X, r, Y: K.mm_q4_0(m.data, m.scales, K.LUT_F16, X, r, Y),
+                       _dense_by_matmul),
+    "Q2_K": KernelSpec("blocks", _load_blocks,
+                       lambda m, X, r, Y: KK.mm_q2_k(m.data, K.LUT_F16, X,
+                                                     KK.xsum(X, KK.SUB_BLOCK["Q2_K"]), r, Y),
+                       _dense_kquant),
+    "Q4_K": KernelSpec("blocks", _load_blocks,
+                       lambda m, X, r, Y: KK.mm_q4_k(m.data, K.LUT_F16, X,
+                                                     KK.xsum(X, KK.SUB_BLOCK["Q4_K"]), r, Y),
+                       _dense_kquant),
+    "Q6_K": KernelSpec("blocks", _load_blocks,
+                       lambda m, X, r, Y: KK.mm_q6_k(m.data, K.LUT_F16, X, r, Y), _dense_kquant),
+}
+SUPPORTED_TYPES = tuple(KERNELS)
+# stored as raw GGUF block rows, decoded in the kernel
+KQUANT_TYPES = tuple(k for k, s in KERNELS.items() if s.layout == "blocks")
 
 
 def from_gguf_tensor(t) -> Matrix:
     """A Matrix over a ``gguf.ReaderTensor`` (mmap views where the layout allows)."""
     kind = t.tensor_type.name
-    if kind not in SUPPORTED_TYPES:
+    if kind not in KERNELS:
         raise InvalidModelError(
             f"Tensor '{t.name}' has type {kind}; the runtime supports {', '.join(SUPPORTED_TYPES)}."
         )
     n_in, n_out = (int(x) for x in t.shape[:2]) if len(t.shape) >= 2 else (int(t.shape[0]), 1)
-    raw = np.asarray(t.data)
-    if kind == "F32":
-        return Matrix(t.name, kind, n_out, n_in, raw.reshape(n_out, n_in))
-    if kind in ("F16", "BF16"):
-        return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint16).reshape(n_out, n_in))
-    if kind in KQUANT_TYPES:  # row_bytes = the stored bytes per row, scales included
-        row = n_in // KK.QK_K * KK.BLOCK_BYTES[kind]
-        return Matrix(t.name, kind, n_out, n_in, raw.view(np.uint8).reshape(n_out, row))
-    blk = 34 if kind == "Q8_0" else 18
-    nb = n_in // K.QK
-    blocks = raw.reshape(n_out, nb, blk)
-    scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16).reshape(n_out, nb)
-    qs = np.ascontiguousarray(blocks[:, :, 2:]).reshape(n_out, -1)
-    if kind == "Q8_0":
-        qs = qs.view(np.int8)
-    return Matrix(t.name, kind, n_out, n_in, qs, scales)
+    data, scales = KERNELS[kind].load(kind, np.asarray(t.data), n_out, n_in)
+    return Matrix(t.name, kind, n_out, n_in, data, scales)
 
 
 def vector(t) -> np.ndarray:
@@ -173,7 +218,8 @@ def vector(t) -> np.ndarray:
 
 
 def transpose(m: Matrix) -> TransposedMatrix:
-    if m.kind in ("F32", "F16", "BF16"):
+    spec = KERNELS.get(m.kind)
+    if spec is not None and spec.sparse is not None:
         return TransposedMatrix(m.name + ".T", m.kind, np.ascontiguousarray(m.data.T))
     # block-quantized rows cannot be transposed exactly; exact-sparse needs F32/F16/BF16 down
     raise InvalidModelError(
