@@ -1,4 +1,4 @@
-"""Errors a user can cause, each mapped to a stable exit code (DESIGN §6).
+"""Errors a user can cause, each mapped to a stable exit code (docs/design.md, "Exit codes").
 
 The CLI catches :class:`AiosError` and prints its one-sentence message; anything else
 is a bug and keeps its traceback.

@@ -18,7 +18,7 @@ child's ``ru_maxrss`` starts from its parent's RSS).
 
     python benchmarks/gguf_export_vs_llamacpp.py [--layers 11] [--outtype f16 --outtype q8_0]
 
-Goal (issue 5): ours at least as fast (ratio ≤ 1) with no more peak memory.
+Goal: ours at least as fast (ratio ≤ 1) with no more peak memory.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark the runtime as ratios measured side by side in one run (issue 6, point 5).
+"""Benchmark the runtime as ratios measured side by side in one run.
 
 1. Streaming bandwidth of this machine: the best of two parallel read kernels over a 1 GiB
    float32 array (64 independent lanes; four rows at a time with prefetch, the GEMV's own

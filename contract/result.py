@@ -11,7 +11,7 @@ REPORT_SCHEMA_VERSION = "1.0"
 
 
 class Evidence(str, Enum):
-    """How a number was obtained (DESIGN §6). Projections are never measurements."""
+    """How a number was obtained (docs/design.md, "Evidence classes"). Projections are never measurements."""
 
     measured = "measured"  # ran the model / artifact
     analytic = "analytic"  # arithmetic from config values

@@ -6,8 +6,8 @@ Pipeline (trained aliasing in ``convert/alias_train.py`` reuses the analysis and
    checker's own ``aios.measure.similarity``): layer × layer cosine, ‖W_i − W_j‖/‖W_j‖,
    the candidate group (the layers of ``--zones``), its canonical (group mean or medoid) and
    each layer's cosine to it. A layer joins when its cosine to the canonical clears its zone
-   threshold (DESIGN §2; ``min_cosine`` overrides) and the group passes the bytes-saved
-   condition: canonical + deltas < the members stored on their own.
+   threshold (docs/design.md, "Aliasing zones"; ``min_cosine`` overrides) and the group
+   passes the bytes-saved condition: canonical + deltas < the members stored on their own.
 2. **Perplexity budget**: types are tried best-similarity first; with ``budget_ppl`` each is
    kept only if the *measured* held-out perplexity change stays within the budget.
 3. **Write**: an HF folder in the alias format (``aios.models.alias_format``), with the

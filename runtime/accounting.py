@@ -1,6 +1,6 @@
 """Software memory counter: exact bytes touched per token, by term and by layer.
 
-Terms follow the AIOS decomposition (DESIGN §1):
+Terms follow the AIOS decomposition (docs/design.md, "The problem"):
   weights     – bytes of every weight row a kernel reads (rows skipped by sparsity are not read)
   kv_cache    – K and V entries read by attention (plus the new entry written)
   activations – intermediate vectors written and read back between kernels (2 × size)

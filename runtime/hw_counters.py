@@ -4,7 +4,7 @@ Both take the *slope* between two generation lengths, so model load and prefill 
     MB/token = (bytes(n2) − bytes(n1)) / (n2 − n1)
 For perf, idle traffic (measured over a ``sleep`` of the same duration) is subtracted and
 every IMC box is summed: counting one box of a two-channel machine halves the figure,
-the pitfall behind the only published AIOS number (DESIGN §3).
+the pitfall behind the only published AIOS number (docs/design.md, "Reference numbers").
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Storage (HF folder and GGUF alike; names below in HF form, GGUF uses llama.cpp n
   .canonical``, GGUF ``blk.0.ffn_up.canonical``). The members' own ``.weight`` tensors are
   removed — safetensors refuses shared storage, so, as its own convention does for tied
   tensors, the duplicates are dropped and recorded in the metadata.
-* Member ``i``'s delta ``δ_i`` is named after the tensor it extends (DESIGN §6):
+* Member ``i``'s delta ``δ_i`` is named after the tensor it extends (docs/design.md, "GGUF extensions"):
   ``dense``   ``<member>.delta``                        (same type as the canonical)
   ``lowrank`` ``<member>.delta.lr_u`` (n_out, R) and ``<member>.delta.lr_v`` (R, n_in),
               δ = lr_u @ lr_v

@@ -38,7 +38,7 @@ class ArchFacts:
 
     @property
     def core_zone(self) -> range:
-        """Core-zone layer indices ⌊0.4L⌋ … ⌊0.6L⌋ inclusive (DESIGN §2, R3)."""
+        """Core-zone layer indices ⌊0.4L⌋ … ⌊0.6L⌋ inclusive (docs/design.md, "The contract", R3)."""
         return range(int(0.4 * self.n_layers), int(0.6 * self.n_layers) + 1)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Resolve a MODEL argument to a :class:`ModelHandle` — the one entry point for every command.
 
-Order (DESIGN §5): a local path (HF folder or ``.gguf`` file) -> a hub id present in the
-local Hugging Face cache -> a built-in alias (which may itself be cached or bundled).
+Order (docs/design.md, "MODEL resolution"): a local path (HF folder or ``.gguf`` file) ->
+a hub id present in the local Hugging Face cache -> a built-in alias (which may itself be
+cached or bundled).
 Nothing is downloaded here; ``aios-contract fetch`` does that explicitly.
 """
 

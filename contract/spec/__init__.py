@@ -36,7 +36,7 @@ def tiers(version: str = CURRENT_VERSION) -> list[dict[str, Any]]:
 
 
 def zone_threshold(layer: int, n_layers: int, version: str = CURRENT_VERSION) -> float:
-    """Aliasing cosine threshold for ``layer`` by its relative depth (DESIGN §2 zones)."""
+    """Aliasing cosine threshold for ``layer`` by its relative depth (docs/design.md, "Aliasing zones")."""
     depth = layer / n_layers
     for z in requirement("R3", version)["zone_cosine_thresholds"]:
         if z["from"] <= depth < z["to"]:

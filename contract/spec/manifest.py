@@ -31,7 +31,8 @@ class ManifestProblem(Exception):
 
 
 def candidate_paths(model_path: Path) -> list[Path]:
-    """The three sidecar locations (DESIGN §2) for a .gguf file or an HF folder."""
+    """The three sidecar locations (docs/design.md, "Manifest locations") for a .gguf file
+    or an HF folder."""
     if model_path.is_dir():
         folder = model_path
         stems = [model_path.name] + sorted(p.stem for p in model_path.glob("*.safetensors"))

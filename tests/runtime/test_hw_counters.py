@@ -76,7 +76,7 @@ def test_cachegrind_agrees_with_software_count_on_sparse_reduction(exported, tmp
     """The dense → exact-sparse reduction of the weight traffic, simulated vs counted, within 15 %.
 
     Slow (four Python runs under cachegrind); run with ``pytest -m slow``. The figure is also
-    produced by ``aios-run bench --cachegrind`` (README).
+    produced by ``aios-run bench --cachegrind`` (docs/commands.md, docs/benchmarks.md).
     """
     from runtime.generate import generate
     from runtime.hw_counters import cachegrind_mb_per_token
