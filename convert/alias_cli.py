@@ -6,6 +6,14 @@ from rich.console import Console
 from rich.table import Table
 
 from convert.alias import AliasResult, short_name
+from convert.gguf import ExportResult
+
+
+def render_export(result: ExportResult, dealiased: bool) -> None:
+    """One line per GGUF exported from an already aliased folder (``-o`` omitted)."""
+    what = ("de-aliased standard GGUF; llama.cpp loads it" if dealiased
+            else "aliased; runs in aios-run, not in llama.cpp")
+    Console(highlight=False).print(f"wrote {result.output} ({what})")
 
 
 def render_alias(result: AliasResult) -> None:

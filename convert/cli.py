@@ -1,10 +1,21 @@
-"""``aios-convert``: turn models into contract-satisfying artifacts."""
+"""``aios-convert``: turn models into contract-satisfying artifacts.
+
+The top layer: each command parses options, calls one library entry point and renders (the
+renderers are in ``convert/*_cli.py``). It may compose packages (``svd-residual`` runs its file
+in ``runtime``); the library modules it calls never import it. Option choices come from the
+library modules' own vocabularies, all importable without torch.
+"""
 
 from __future__ import annotations
 
 import click
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
+from convert.alias_config import CANONICAL_MODES, DELTA_NORMS, GGUF_OUTTYPES
+from convert.gguf import OUTTYPES
+from convert.relufy_config import DEVICES, RelufyConfig
+from convert.sparsity_map import MODES as SPARSITY_MODES
+from convert.svd_residual import BASE_TYPES, FACTOR_TYPES, METHODS, RESIDUALS
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
@@ -13,13 +24,13 @@ def main() -> None:
     """Convert models: relufy, sparsity maps, aliasing, low-rank + residual, GGUF export."""
 
 
-# --- GGUF export and R5 layout (issue 5) ----------------------------------------------------
+# --- GGUF export and R5 layout ----------------------------------------------------------------
 
 
 @main.command("gguf")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .gguf file.")
-@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k"]),
+@click.option("--outtype", type=click.Choice(OUTTYPES),
               default="f16", show_default=True,
               help="Type of 2-D weights (norms and biases stay F32; rows that do not fit the type's "
                    "blocks fall back per tensor, reported).")
@@ -78,12 +89,10 @@ def layout_command(model: str, output: str, calibration: str | None, samples: in
                   + f") with aios.manifest embedded and {result.sidecar}")
 
 
-# --- relufy and sparsity maps (issue 4) -----------------------------------------------------
+# --- relufy and sparsity maps ----------------------------------------------------------------
 
 
 def _relufy_default(name: str):
-    from convert.relufy import RelufyConfig
-
     return getattr(RelufyConfig(), name)
 
 
@@ -101,7 +110,7 @@ def _relufy_default(name: str):
 @click.option("--seq-len", type=int, default=_relufy_default("seq_len"), show_default=True)
 @click.option("--l1", type=float, default=_relufy_default("l1"), show_default=True,
               help="Final weight of the progressive activation-L1 penalty (0 = off).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="cuda trains with bf16 autocast.")
 @click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the interrupted run kept in OUT.partial/.")
@@ -124,7 +133,7 @@ def relufy_command(model: str, out: str, activation: str, train_data: str | None
 @click.argument("model")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="JSONL/TXT calibration texts for neuron frequencies (default: the bundled set).")
-@click.option("--mode", type=click.Choice(["conservative", "balanced", "aggressive"]), default="conservative",
+@click.option("--mode", type=click.Choice(SPARSITY_MODES), default="conservative",
               show_default=True, help="Held-out perplexity budget: < 0.1 %, < 0.5 %, or --budget.")
 @click.option("--budget", type=float, default=None, help="Perplexity budget in percent (aggressive mode).")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
@@ -140,7 +149,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
     render_sparsity_map(result)
 
 
-# --- canonical + delta aliasing (issue 7) ---------------------------------------------------
+# --- canonical + delta aliasing --------------------------------------------------------------
 
 
 @main.command("alias")
@@ -152,7 +161,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
               help="Layers sharing one canonical per matrix type: core, all, or a range A-B "
                    "[default: core; all with --train].")
 @click.option("--delta", default="lowrank:8", show_default=True, help="Delta encoding: dense, lowrank:R, q8_0 or none.")
-@click.option("--canonical", type=click.Choice(["mean", "medoid"]), default="mean", show_default=True)
+@click.option("--canonical", type=click.Choice(CANONICAL_MODES), default="mean", show_default=True)
 @click.option("--types", default=None, help="Comma-separated matrix types to alias (e.g. q_proj,k_proj); default all shareable.")
 @click.option("--min-cosine", type=float, default=None,
               help="Join threshold against the canonical instead of the contract's zone thresholds (post-hoc).")
@@ -162,59 +171,34 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
 @click.option("--steps", type=int, default=None, help="--train: optimisation steps.")
 @click.option("--lam", type=float, default=None, help="--train: final λ of the delta penalty.")
 @click.option("--lr", type=float, default=None, help="--train: peak learning rate.")
-@click.option("--delta-norm", type=click.Choice(["fro", "spectral"]), default=None,
+@click.option("--delta-norm", type=click.Choice(DELTA_NORMS), default=None,
               help="--train: norm of the ‖δ_i‖ ≤ 9 % ‖W_c‖ projection [default: fro, the R3 criterion].")
 @click.option("--gguf", type=click.Path(dir_okay=False), default=None, help="Also write an aliased GGUF for aios-run.")
 @click.option("--dealias", type=click.Path(dir_okay=False), default=None,
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
-@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0", "q4_0"]), default="f32", show_default=True,
+@click.option("--outtype", type=click.Choice(GGUF_OUTTYPES), default="f32", show_default=True,
               help="Type of the GGUF outputs' 2-D weights.")
 def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
                   lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3)."""
     from aios.cli_common import err_console
-    from aios.errors import UsageError
-    from convert.alias import AliasConfig, alias
-    from convert.alias_cli import render_alias
+    from convert.alias_cli import render_alias, render_export
+    from convert.alias_run import run_alias
 
     def progress(message: str) -> None:
         err_console.print(f"[dim]{message}[/]")
 
     type_list = tuple(t.strip() for t in types.split(",") if t.strip()) if types else None
-    if out is None:
-        from rich.console import Console
-
-        from convert.alias_gguf import export_alias_gguf
-
-        if not (gguf or dealias):
-            raise UsageError("Pass -o OUT to alias MODEL, or --gguf/--dealias to export an already aliased MODEL.")
-        for path, flat in ((gguf, False), (dealias, True)):
-            if path:
-                res = export_alias_gguf(model, path, outtype=outtype, dealias=flat)
-                Console(highlight=False).print(f"wrote {res.output} ({'de-aliased standard GGUF; llama.cpp loads it' if flat else 'aliased; runs in aios-run, not in llama.cpp'})")
-        return
-    if train:
-        from dataclasses import replace
-
-        from convert.alias_train import AliasTrainConfig, train_alias
-
-        if min_cosine is not None or budget_ppl is not None or canonical != "mean":
-            raise UsageError("--min-cosine, --budget-ppl and --canonical apply to post-hoc aliasing, not --train.")
-        cfg = replace(AliasTrainConfig(delta=delta, types=type_list),
-                      **{k: v for k, v in dict(zones=zones, steps=steps, lam=lam, lr=lr, norm=delta_norm).items()
-                         if v is not None})
-        result = train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
-    else:
-        if steps is not None or lam is not None or lr is not None or delta_norm is not None:
-            raise UsageError("--steps, --lam, --lr and --delta-norm need --train.")
-        cfg = AliasConfig(zones=zones or "core", delta=delta, canonical=canonical, types=type_list, min_cosine=min_cosine,
-                          budget_ppl=budget_ppl)
-        result = alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
-    render_alias(result)
+    result = run_alias(model, out, zones=zones, delta=delta, canonical=canonical, types=type_list,
+                       min_cosine=min_cosine, budget_ppl=budget_ppl, train=train, steps=steps,
+                       lam=lam, lr=lr, delta_norm=delta_norm, gguf=gguf, dealias=dealias,
+                       outtype=outtype, progress=progress, exported=render_export)
+    if result is not None:
+        render_alias(result)
 
 
-# --- low-rank + quantized residual (issue 8) ------------------------------------------------
+# --- low-rank + quantized residual -----------------------------------------------------------
 
 
 def _parse_rank(value: str | None) -> int | str | None:
@@ -235,13 +219,13 @@ def _parse_rank(value: str | None) -> int | str | None:
 @click.option("--energy", type=float, default=None,
               help="Smallest rank keeping this share of Σσ² per matrix (default 0.95 when no rule is given).")
 @click.option("--bpw", type=float, default=None, help="Largest rank whose U, V and residual fit these bits per weight.")
-@click.option("--method", type=click.Choice(["plain", "activation-aware"]), default="activation-aware",
+@click.option("--method", type=click.Choice(METHODS), default="activation-aware",
               show_default=True, help="activation-aware whitens by calibration XᵀX before the SVD.")
-@click.option("--residual", type=click.Choice(["q8_0", "q4_0", "q4_k", "q2_k", "q6_k", "f16", "none"]),
+@click.option("--residual", type=click.Choice(RESIDUALS),
               default="q4_0", show_default=True, help="Type of the quantized residual E = W − U·V.")
-@click.option("--factor-type", type=click.Choice(["f16", "f32", "q8_0"]), default="f16", show_default=True,
+@click.option("--factor-type", type=click.Choice(FACTOR_TYPES), default="f16", show_default=True,
               help="Type of lr_u and lr_v.")
-@click.option("--outtype", type=click.Choice(["f32", "f16", "q8_0", "q4_0"]), default="f16", show_default=True,
+@click.option("--outtype", type=click.Choice(BASE_TYPES), default="f16", show_default=True,
               help="Type of the tensors left plain (embeddings, output head).")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="JSONL/TXT calibration texts (default: the bundled set).")
@@ -266,7 +250,7 @@ def svd_residual_command(model: str, output: str, rank: str | None, calibration:
     result = svd_residual(model, output, cfg, calibration=calibration,
                           progress=lambda message: err_console.print(f"[dim]{message}[/]"))
     if eval_tokens:
-        from runtime.lowrank import evaluate_gguf
+        from runtime.evaluate import evaluate_gguf
 
         err_console.print(f"[dim]running {output} in aios-run for perplexity and MB/token[/]")
         result.measured = evaluate_gguf(result.output, eval_tokens=eval_tokens)

@@ -14,6 +14,7 @@ from aios.errors import UsageError
 
 CONFIG_VERSION = 1
 ACTIVATIONS = ("relu", "relu2")
+DEVICES = ("auto", "cpu", "cuda")  # where the fine-tune runs; auto: cuda when torch sees one
 PROVENANCE_FILE = "aios_relufy.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 

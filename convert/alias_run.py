@@ -1,0 +1,83 @@
+"""``aios-convert alias`` as one library call: export an aliased folder, alias post-hoc, or train.
+
+Layering: above ``convert/alias.py`` (post-hoc), ``convert/alias_train.py`` (trained) and
+``convert/alias_gguf.py`` (GGUF exports), which it imports lazily (they load torch); none of
+them imports this module. Which options each mode accepts is decided here, so the command and
+library callers refuse the same combinations with the same sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from aios.errors import UsageError
+
+if TYPE_CHECKING:
+    from convert.alias import AliasResult
+    from convert.gguf import ExportResult
+
+ExportedFn = Callable[["ExportResult", bool], None]  # (written file, de-aliased?)
+
+
+def export_aliased(model: str, *, gguf: str | Path | None, dealias: str | Path | None,
+                   outtype: str, exported: ExportedFn | None = None) -> list[ExportResult]:
+    """GGUFs of an already aliased folder: aliased (``gguf``) and/or de-aliased (``dealias``).
+
+    ``exported`` hears of each file as soon as it is written, before the next one starts.
+    """
+    from convert.alias_gguf import export_alias_gguf
+
+    if not (gguf or dealias):
+        raise UsageError("Pass -o OUT to alias MODEL, or --gguf/--dealias to export an already "
+                         "aliased MODEL.")
+    results = []
+    for path, flat in ((gguf, False), (dealias, True)):
+        if path:
+            results.append(export_alias_gguf(model, path, outtype=outtype, dealias=flat))
+            if exported:
+                exported(results[-1], flat)
+    return results
+
+
+def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
+              delta: str = "lowrank:8", canonical: str = "mean",
+              types: tuple[str, ...] | None = None, min_cosine: float | None = None,
+              budget_ppl: float | None = None, train: bool = False,
+              steps: int | None = None, lam: float | None = None, lr: float | None = None,
+              delta_norm: str | None = None, gguf: str | Path | None = None,
+              dealias: str | Path | None = None, outtype: str = "f32",
+              progress: Callable[[str], None] | None = None,
+              exported: ExportedFn | None = None) -> AliasResult | None:
+    """What ``aios-convert alias`` does with its options.
+
+    ``out`` None: only export the already aliased ``model`` (:func:`export_aliased`; returns
+    None). ``train``: trained aliasing (``zones`` default ``all``; the post-hoc options are
+    refused). Otherwise post-hoc aliasing (``zones`` default ``core``; the training options
+    are refused). ``None`` for a training option keeps its :class:`AliasTrainConfig` default.
+    """
+    if out is None:
+        export_aliased(model, gguf=gguf, dealias=dealias, outtype=outtype, exported=exported)
+        return None
+    if train:
+        from convert.alias_train import AliasTrainConfig, train_alias
+
+        if min_cosine is not None or budget_ppl is not None or canonical != "mean":
+            raise UsageError("--min-cosine, --budget-ppl and --canonical apply to post-hoc "
+                             "aliasing, not --train.")
+        overrides = dict(zones=zones, steps=steps, lam=lam, lr=lr, norm=delta_norm)
+        cfg = replace(AliasTrainConfig(delta=delta, types=types),
+                      **{k: v for k, v in overrides.items() if v is not None})
+        return train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias,
+                           progress=progress)
+    from convert.alias import AliasConfig, alias
+
+    if steps is not None or lam is not None or lr is not None or delta_norm is not None:
+        raise UsageError("--steps, --lam, --lr and --delta-norm need --train.")
+    post = AliasConfig(zones=zones or "core", delta=delta, canonical=canonical, types=types,
+                       min_cosine=min_cosine, budget_ppl=budget_ppl)
+    return alias(model, out, post, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)
+
+
+__all__ = ["export_aliased", "run_alias"]
