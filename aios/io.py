@@ -78,7 +78,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 
 
 def hash_file(h: H, path: str | Path) -> H:
-    """Feed the bytes of ``path`` into ``h`` in chunks (never the whole file in memory); returns ``h``.
+    """Feed the bytes of ``path`` into ``h`` chunk by chunk (never the whole file); returns ``h``.
 
     For digests over several files (with their names in between); one file: :func:`sha256_file`.
     """
