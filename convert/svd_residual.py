@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from aios import quant
 from aios.errors import UsageError
 from aios.models import ModelHandle, resolve_model
 
@@ -98,23 +99,13 @@ def validate(cfg: SvdResidualConfig) -> SvdResidualConfig:
 # --- encoding (gguf-py quantizers; K-quants from convert.kquants) -----------------------------
 
 
-def _qtype(t: str):
-    import gguf
-
-    return gguf.GGMLQuantizationType[t.upper()]
-
-
 def block_size(t: str) -> tuple[int, int]:
     """(values per block, bytes per block) of a GGML type."""
-    import gguf
-
-    return gguf.GGML_QUANT_SIZES[_qtype(t)]
+    return quant.block_size(t), quant.type_size(t)
 
 
 def nbytes_of(n_values: int, t: str) -> int:
-    blk, size = block_size(t)
-    assert n_values % blk == 0, (n_values, t)
-    return n_values // blk * size
+    return quant.row_bytes(t, n_values)
 
 
 def encode(x: np.ndarray, t: str) -> np.ndarray:
@@ -133,7 +124,7 @@ def encode(x: np.ndarray, t: str) -> np.ndarray:
         return kquants.quantize(x, t)
     from gguf import quants
 
-    return quants.quantize(x, _qtype(t))
+    return quants.quantize(x, quant.qtype(t))
 
 
 def decode(a: np.ndarray, t: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -142,7 +133,7 @@ def decode(a: np.ndarray, t: str, shape: tuple[int, ...]) -> np.ndarray:
         return np.asarray(a, dtype=np.float64).reshape(shape)
     from gguf import quants
 
-    return quants.dequantize(np.asarray(a), _qtype(t)).astype(np.float64).reshape(shape)
+    return quants.dequantize(np.asarray(a), quant.qtype(t)).astype(np.float64).reshape(shape)
 
 
 def factor_type_for(row_len: int, t: str) -> tuple[str, str | None]:
@@ -197,10 +188,11 @@ def choose_rank(s: np.ndarray, m: int, n: int, cfg: SvdResidualConfig, residual_
         cum = np.cumsum(s.astype(np.float64) ** 2)
         return min(full, int(np.searchsorted(cum, cfg.energy * cum[-1] * (1 - 1e-12)) + 1)) if cum[-1] > 0 else 1
     budget = cfg.bpw * m * n / 8 - residual_bytes  # type: ignore[operator]
-    per_elem = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[cfg.factor_type]
+    per_elem = quant.type_size(cfg.factor_type) / quant.block_size(cfg.factor_type)
     r = min(full, int(budget // (per_elem * (m + n))))
     if cfg.factor_type == "q8_0" and r < full:
-        r = r // 32 * 32  # U rows of r values must fill whole Q8_0 blocks
+        blk = quant.block_size("q8_0")
+        r = r // blk * blk  # U rows of r values must fill whole Q8_0 blocks
     return r
 
 

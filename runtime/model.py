@@ -31,7 +31,7 @@ from aios.models.architectures import Architecture, for_gguf_arch, runtime_archi
 from runtime import gguf_checks, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
-from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
+from runtime.weights import Linear, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
@@ -304,7 +304,7 @@ class Model:
         if self.pos + T > hp.n_ctx:
             raise UsageError(f"Context full: {self.pos + T} tokens exceed the context of {hp.n_ctx}.")
         positions = np.arange(self.pos, self.pos + T)
-        x = _embed_rows(self.tok_embd, tokens)  # (T, d_model)
+        x = self.tok_embd.rows_f32(tokens)  # (T, d_model): one stored row read per token
         self.counter.add("weights", T * self.tok_embd.row_bytes, None, self.tok_embd.name)
         act_bytes = 0
         self.ffn_nnz = 0
@@ -349,28 +349,3 @@ class Model:
         x = x if all_logits else x[-1:]
         out = self._norm(x, self.output_norm, self.output_norm_b)
         return self._mm(self.output, out, None)
-
-
-def _embed_rows(m: Matrix, tokens: np.ndarray) -> np.ndarray:
-    """Embedding rows for ``tokens`` decoded from the stored type (one row read per token)."""
-    if m.kind == "F32":
-        return np.array(m.data[tokens], dtype=np.float32)
-    if m.kind in ("F16", "BF16"):
-        from runtime.kernels import LUT_BF16, LUT_F16
-
-        return (LUT_F16 if m.kind == "F16" else LUT_BF16)[m.data[tokens]]
-    if m.scales is None:  # K-quants: raw block rows, decoded per token
-        return m.rows_f32(tokens)
-    rows = np.zeros((len(tokens), m.n_in), np.float32)
-    from runtime.kernels import LUT_F16
-
-    qs, d = m.data[tokens], LUT_F16[m.scales[tokens]]  # type: ignore[index]
-    nb = m.n_in // 32
-    if m.kind == "Q8_0":
-        rows[:] = (qs.reshape(len(tokens), nb, 32).astype(np.float32) * d[:, :, None]).reshape(len(tokens), -1)
-    else:
-        q = qs.reshape(len(tokens), nb, 16)
-        lo = (q & 15).astype(np.float32) - 8
-        hi = (q >> 4).astype(np.float32) - 8
-        rows[:] = (np.concatenate([lo, hi], axis=2) * d[:, :, None]).reshape(len(tokens), -1)
-    return rows

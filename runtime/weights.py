@@ -76,10 +76,7 @@ class Matrix:
 
     def rows_f32(self, rows: np.ndarray) -> np.ndarray:
         """Selected rows decoded to float32 (embedding look-ups read only these rows)."""
-        from gguf import dequantize
-
-        assert self.kind in KQUANT_TYPES, self.kind
-        return dequantize(self.data[rows], quant.qtype(self.kind)).astype(np.float32)
+        return KERNELS[self.kind].rows(self, rows)
 
     def dense(self) -> np.ndarray:
         """Dequantized float32 copy (tests and transposition only)."""
@@ -131,6 +128,7 @@ class KernelSpec:
     load: Callable[[str, np.ndarray, int, int], Loaded]  # (kind, raw, n_out, n_in)
     matmul: Callable[[Matrix, np.ndarray, np.ndarray, np.ndarray], None]  # (m, X, rows, Y)
     dense: Callable[[Matrix], np.ndarray]  # the float32 (n_out, n_in) values
+    rows: Callable[[Matrix, np.ndarray], np.ndarray]  # float32 values of selected rows (embeddings)
     sparse: Callable[..., None] | None = None  # sparse_rows_* over Wᵀ (float element types only)
 
 
@@ -160,6 +158,28 @@ def _load_split(quants: type[np.integer]) -> Callable[[str, np.ndarray, int, int
     return load
 
 
+def _rows_split(m: Matrix, rows: np.ndarray) -> np.ndarray:
+    """Q8_0/Q4_0 rows decoded with numpy: quants times their block's fp16 scale (Q4_0: low
+    nibbles are a block's first half, high nibbles its second, both offset by 8)."""
+    qs, d = m.data[rows], K.LUT_F16[m.scales[rows]]  # type: ignore[index]
+    n, block = len(rows), quant.block_size(m.kind)
+    nb = m.n_in // block
+    if m.kind == "Q8_0":
+        vals = qs.reshape(n, nb, block).astype(np.float32)
+    else:
+        q = qs.reshape(n, nb, block // 2)
+        vals = np.concatenate([(q & 15).astype(np.float32) - 8, (q >> 4).astype(np.float32) - 8], axis=2)
+    out = np.zeros((n, m.n_in), np.float32)
+    out[:] = (vals * d[:, :, None]).reshape(n, -1)
+    return out
+
+
+def _rows_kquant(m: Matrix, rows: np.ndarray) -> np.ndarray:
+    from gguf import dequantize
+
+    return dequantize(m.data[rows], quant.qtype(m.kind)).astype(np.float32)
+
+
 def _dense_by_matmul(m: Matrix) -> np.ndarray:
     eye = np.eye(m.n_in, dtype=np.float32)
     return m.matmul(eye).T.copy()
@@ -171,27 +191,30 @@ def _dense_kquant(m: Matrix) -> np.ndarray:
 
 KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPPORTED_TYPES
     "F32": KernelSpec("elements", _load_f32, lambda m, X, r, Y: K.mm_f32(m.data, X, r, Y),
-                      lambda m: np.array(m.data), K.sparse_rows_f32),
+                      lambda m: np.array(m.data), lambda m, r: np.array(m.data[r], dtype=np.float32),
+                      K.sparse_rows_f32),
     "F16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_f16(m.data, X, r, Y),
-                      lambda m: K.LUT_F16[m.data], K.sparse_rows_f16),
+                      lambda m: K.LUT_F16[m.data], lambda m, r: K.LUT_F16[m.data[r]], K.sparse_rows_f16),
     "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_bf16(m.data, X, r, Y),
-                       lambda m: K.LUT_BF16[m.data], K.sparse_rows_bf16),
+                       lambda m: K.LUT_BF16[m.data], lambda m, r: K.LUT_BF16[m.data[r]],
+                       K.sparse_rows_bf16),
     "Q8_0": KernelSpec("split", _load_split(np.int8),
                        lambda m, X, r, Y: K.mm_q8_0(m.data, m.scales, K.LUT_F16, X, r, Y),
-                       _dense_by_matmul),
+                       _dense_by_matmul, _rows_split),
     "Q4_0": KernelSpec("split", _load_split(np.uint8),
                        lambda m, X, r, Y: K.mm_q4_0(m.data, m.scales, K.LUT_F16, X, r, Y),
-                       _dense_by_matmul),
+                       _dense_by_matmul, _rows_split),
     "Q2_K": KernelSpec("blocks", _load_blocks,
                        lambda m, X, r, Y: KK.mm_q2_k(m.data, K.LUT_F16, X,
                                                      KK.xsum(X, KK.SUB_BLOCK["Q2_K"]), r, Y),
-                       _dense_kquant),
+                       _dense_kquant, _rows_kquant),
     "Q4_K": KernelSpec("blocks", _load_blocks,
                        lambda m, X, r, Y: KK.mm_q4_k(m.data, K.LUT_F16, X,
                                                      KK.xsum(X, KK.SUB_BLOCK["Q4_K"]), r, Y),
-                       _dense_kquant),
+                       _dense_kquant, _rows_kquant),
     "Q6_K": KernelSpec("blocks", _load_blocks,
-                       lambda m, X, r, Y: KK.mm_q6_k(m.data, K.LUT_F16, X, r, Y), _dense_kquant),
+                       lambda m, X, r, Y: KK.mm_q6_k(m.data, K.LUT_F16, X, r, Y), _dense_kquant,
+                       _rows_kquant),
 }
 SUPPORTED_TYPES = tuple(KERNELS)
 # stored as raw GGUF block rows, decoded in the kernel

@@ -46,13 +46,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from aios import quant
 from aios.errors import InvalidModelError
 
 HF_METADATA_KEY = "aios.alias"
 GGUF_GROUPS_KEY = "aios.alias.groups"
 SIDECAR = "aios_alias.json"  # converter report + provenance in an aliased HF folder
 ENCODINGS = ("dense", "lowrank", "q8_0", "none")
-QK = 32  # Q8_0 block
+QK = quant.block_size("q8_0")  # q8_0 deltas use ggml's Q8_0 blocks (fp16 scale + QK int8)
 
 
 @dataclass(frozen=True)
