@@ -19,7 +19,21 @@ EXIT_CODES_HELP = (
     "3 something required could not be evaluated, 4 unreadable or invalid input."
 )
 
-err_console = Console(stderr=True, highlight=False)
+# Width of command output that does not go to a terminal (a CI log, a pipe, a file): wide
+# enough that rich never wraps a line or truncates a table cell ("measur…"), whatever COLUMNS
+# says; tables take their natural width.
+LOG_WIDTH = 10_000
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """The console every command prints through: on a terminal rich fits the terminal's width;
+    anywhere else lines are never wrapped or cut (``LOG_WIDTH``). rich honours NO_COLOR."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(stderr=stderr, highlight=False, width=None if tty else LOG_WIDTH)
+
+
+err_console = make_console(stderr=True)
 
 
 class AiosGroup(click.Group):

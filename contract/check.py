@@ -13,9 +13,9 @@ from contract.checks import CHECKS, REQUIREMENT_IDS
 from contract.checks.base import CheckContext, Progress, no_progress
 from contract.projection import project
 from contract.result import CheckReport, Evidence, Gate, RequirementResult, Status
-from contract.spec import tiers
+from contract.spec import tier_ids, tiers
 
-TIER_IDS = tuple(t["id"] for t in tiers())
+TIER_IDS = tier_ids()
 
 
 def assign_tier(results: dict[str, RequirementResult]) -> dict:

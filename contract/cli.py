@@ -11,15 +11,14 @@ import json
 import sys
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
+from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option
 from aios.models.aliases import DEFAULT_MODEL
-from contract.check import TIER_IDS
 from contract.checks.base import fmt_bytes
+from contract.spec import tier_ids
 
-console = Console(highlight=False)
+console = make_console()
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
@@ -112,7 +111,7 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
 @click.option("--calibration", type=click.Path(dir_okay=False), help="JSONL (text field) or TXT prompts; default: bundled set.")
 @click.option("--samples", type=int, default=None, help="Use only the first N calibration samples.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample.")
-@click.option("--require-tier", type=click.Choice(TIER_IDS), default=None,
+@click.option("--require-tier", type=click.Choice(tier_ids()), default=None,
               help="Exit 1 unless the model reaches this tier.")
 @click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
 @click.option("--context", type=int, default=4096, show_default=True, help="Context length for KV bytes and the projection.")
@@ -138,7 +137,7 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
     fmts = _formats(formats, FORMATS, "report")
     bench = load_bench(bench_file) if bench_file else None  # fail fast (exit 4) before measuring
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+                  TimeElapsedColumn(), console=make_console(stderr=True), transient=True) as bar:
         tasks: dict[str, int] = {}
 
         def progress(desc: str, done: int, total: int) -> None:

@@ -39,6 +39,7 @@ from aios.measure.similarity import cosine_from_gram, streamed_gram
 from aios.models import ModelHandle, resolve_model
 from aios.models import alias_format as af
 from contract.spec import zone_threshold
+from convert.alias_config import CANONICAL_MODES
 from convert.relufy_run import source_sha256
 
 ProgressFn = Callable[[str], None]
@@ -288,8 +289,8 @@ def alias(model: str | ModelHandle, out: str | Path, cfg: AliasConfig, *, outtyp
     from convert import evaluation as ev
 
     encoding, rank = parse_delta(cfg.delta)
-    if cfg.canonical not in ("mean", "medoid"):
-        raise UsageError(f"--canonical must be mean or medoid, not '{cfg.canonical}'.")
+    if cfg.canonical not in CANONICAL_MODES:
+        raise UsageError(f"--canonical must be {' or '.join(CANONICAL_MODES)}, not '{cfg.canonical}'.")
     if cfg.budget_ppl is not None and cfg.budget_ppl < 0:
         raise UsageError("--budget-ppl must be ≥ 0 (an absolute perplexity increase).")
     out = Path(out)

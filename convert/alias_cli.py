@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 
+from aios.cli_common import make_console
 from convert.alias import AliasResult, short_name
 from convert.gguf import ExportResult
 
@@ -13,11 +13,11 @@ def render_export(result: ExportResult, dealiased: bool) -> None:
     """One line per GGUF exported from an already aliased folder (``-o`` omitted)."""
     what = ("de-aliased standard GGUF; llama.cpp loads it" if dealiased
             else "aliased; runs in aios-run, not in llama.cpp")
-    Console(highlight=False).print(f"wrote {result.output} ({what})")
+    make_console().print(f"wrote {result.output} ({what})")
 
 
 def render_alias(result: AliasResult) -> None:
-    console = Console(highlight=False)
+    console = make_console()
     rep = result.report
     table = Table(title=f"aios-convert alias ({rep['mode']}) → {result.output}")
     for col in ("matrix", "layers", "status", "cos to canonical (zone)"):

@@ -30,6 +30,7 @@ from aios.errors import UsageError
 from aios.evaluation import pydoc_split
 from aios.models import ModelHandle, resolve_model
 from convert import alias as A
+from convert.alias_config import DELTA_NORMS
 from convert import evaluation as ev
 from convert import training as tr
 
@@ -121,8 +122,8 @@ def reparameterize(tm: torch.nn.Module, handle: ModelHandle, types: list[str], l
 def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig, *, outtype: str = "f32",
                 gguf=None, dealias=None, progress: A.ProgressFn | None = None) -> A.AliasResult:
     encoding, rank = A.parse_delta(cfg.delta)
-    if cfg.norm not in ("fro", "spectral"):
-        raise UsageError(f"norm must be fro or spectral, not '{cfg.norm}'.")
+    if cfg.norm not in DELTA_NORMS:
+        raise UsageError(f"norm must be {' or '.join(DELTA_NORMS)}, not '{cfg.norm}'.")
     if cfg.steps < 1 or cfg.batch < 1 or cfg.seq_len < 2 or cfg.lr <= 0 or cfg.lam < 0:
         raise UsageError("--steps, --batch must be ≥ 1, --seq-len ≥ 2, --lr > 0 and --lam ≥ 0.")
     out = Path(out)

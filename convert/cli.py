@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
+from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option
 from convert.alias_config import CANONICAL_MODES, DELTA_NORMS, GGUF_OUTTYPES
 from convert.gguf import OUTTYPES
 from convert.relufy_config import DEVICES, RelufyConfig
@@ -39,11 +39,10 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the tensor plan and metadata; write nothing.")
 def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None, dry_run: bool) -> None:
     """Export MODEL (falcon, llama family, gpt2) to a GGUF file llama.cpp loads."""
-    from rich.console import Console
 
     from convert.gguf import GGUFExportConfig, export_gguf
 
-    console = Console(highlight=False)
+    console = make_console()
     result = export_gguf(model, output, GGUFExportConfig(outtype, sparsity_map), dry_run=dry_run)
     if dry_run:
         for p in result.plan:
@@ -71,22 +70,15 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 def layout_command(model: str, output: str, calibration: str | None, samples: int | None, max_tokens: int) -> None:
     """Rewrite MODEL.gguf with blocks in descending access frequency and an R5 manifest."""
-    from collections import Counter
-
-    from rich.console import Console
 
     from convert.layout import LayoutConfig, layout_gguf
 
-    console = Console(highlight=False)
+    console = make_console()
     result = layout_gguf(model, output, LayoutConfig(calibration, samples, max_tokens))
-    access = Counter(b.access for b in result.blocks)
-    tiers = Counter(b.tier for b in result.blocks)
     console.print("measured FFN read fraction per layer: "
                   + " ".join(f"{x:.3f}" for x in result.ffn_read_fraction))
-    console.print(f"wrote {result.output} ({len(result.blocks)} blocks: "
-                  + ", ".join(f"{access[k]} {k}" for k in ("high", "medium", "low")) + "; "
-                  + ", ".join(f"{tiers[k]} {k}" for k in ("HOT", "WARM", "STREAM"))
-                  + f") with aios.manifest embedded and {result.sidecar}")
+    console.print(f"wrote {result.output} ({len(result.blocks)} blocks: {result.summary()}) "
+                  f"with aios.manifest embedded and {result.sidecar}")
 
 
 # --- relufy and sparsity maps ----------------------------------------------------------------
@@ -238,12 +230,11 @@ def svd_residual_command(model: str, output: str, rank: str | None, calibration:
                          **options) -> None:
     """Factorize MODEL's block matrices as W ≈ U·V + Q(E) into a GGUF for aios-run."""
     from dataclasses import replace
+    from pathlib import Path
 
     from aios.cli_common import err_console
     from convert.svd_residual import SvdResidualConfig, svd_residual
     from convert.svd_residual_cli import render, write_report
-
-    from pathlib import Path
 
     cfg = replace(SvdResidualConfig(), rank=_parse_rank(rank),
                   calibration=Path(calibration).name if calibration else None, **options)

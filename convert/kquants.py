@@ -220,6 +220,60 @@ def _affine_err(x, w, sub, nmax, d, dmin, ls, lm, L):
     return err
 
 
+@njit(cache=True)
+def _refit_codes(x, w, L, ls, lm, d, dmin, sub, smax):
+    """Step (a) of the descent: each sub-block's integer scale/min codes re-fitted by weighted
+    least squares of x ≈ s·L − m given the levels L and the super-block scales (d, dmin)."""
+    ls2 = ls.copy()
+    lm2 = lm.copy()
+    for j in range(QK_K // sub):
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        b0 = 0.0
+        b1 = 0.0
+        for i in range(j * sub, (j + 1) * sub):
+            a0 += w[i]
+            a1 += w[i] * L[i]
+            a2 += w[i] * L[i] * L[i]
+            b0 += w[i] * x[i]
+            b1 += w[i] * x[i] * L[i]
+        det = a0 * a2 - a1 * a1
+        if det > 0.0:
+            s = (a0 * b1 - a1 * b0) / det  # x ≈ s·L − m
+            m = (a1 * b1 - a2 * b0) / det
+            ls2[j] = min(max(np.rint(s / d), 0.0), smax)
+            if dmin != 0.0:
+                lm2[j] = min(max(np.rint(m / dmin), 0.0), smax)
+    return ls2, lm2
+
+
+@njit(cache=True)
+def _refit_scales(x, w, L, ls, lm, d, dmin, sub):
+    """Step (b) of the descent: the super-block scales (d, dmin) by weighted least squares given
+    the codes and levels, rounded to fp16; unchanged when the system is singular."""
+    p2 = 0.0
+    pq = 0.0
+    q2 = 0.0
+    px = 0.0
+    qx = 0.0
+    for j in range(QK_K // sub):
+        for i in range(j * sub, (j + 1) * sub):
+            p = ls[j] * L[i]
+            q = -lm[j]
+            p2 += w[i] * p * p
+            pq += w[i] * p * q
+            q2 += w[i] * q * q
+            px += w[i] * p * x[i]
+            qx += w[i] * q * x[i]
+    det = p2 * q2 - pq * pq
+    if det > 0.0:
+        return _f16((px * q2 - qx * pq) / det), _f16((qx * p2 - px * pq) / det)
+    if p2 > 0.0:
+        return _f16(px / p2), dmin
+    return d, dmin
+
+
 @njit(cache=True, nogil=True)
 def _encode_affine(X, W, sub, nmax, smax, r0, dr, steps):
     nb = X.shape[0]
@@ -263,55 +317,13 @@ def _encode_affine(X, W, sub, nmax, smax, r0, dr, steps):
             improved = False
             # (a) integer codes per sub-block given (d, dmin) and the levels
             if d != 0.0:
-                ls2 = ls.copy()
-                lm2 = lm.copy()
-                for j in range(nsub):
-                    a0 = 0.0
-                    a1 = 0.0
-                    a2 = 0.0
-                    b0 = 0.0
-                    b1 = 0.0
-                    for i in range(j * sub, (j + 1) * sub):
-                        a0 += w[i]
-                        a1 += w[i] * L[i]
-                        a2 += w[i] * L[i] * L[i]
-                        b0 += w[i] * x[i]
-                        b1 += w[i] * x[i] * L[i]
-                    det = a0 * a2 - a1 * a1
-                    if det > 0.0:
-                        s = (a0 * b1 - a1 * b0) / det  # x ≈ s·L − m
-                        m = (a1 * b1 - a2 * b0) / det
-                        ls2[j] = min(max(np.rint(s / d), 0.0), smax)
-                        if dmin != 0.0:
-                            lm2[j] = min(max(np.rint(m / dmin), 0.0), smax)
+                ls2, lm2 = _refit_codes(x, w, L, ls, lm, d, dmin, sub, smax)
                 Lt2 = np.zeros(QK_K)
                 e = _affine_err(x, w, sub, nmax, d, dmin, ls2, lm2, Lt2)
                 if e < best:
                     best, ls, lm, L, improved = e, ls2, lm2, Lt2, True
             # (b) the super-block scales (d, dmin) given the codes and levels, by least squares
-            p2 = 0.0
-            pq = 0.0
-            q2 = 0.0
-            px = 0.0
-            qx = 0.0
-            for j in range(nsub):
-                for i in range(j * sub, (j + 1) * sub):
-                    p = ls[j] * L[i]
-                    q = -lm[j]
-                    p2 += w[i] * p * p
-                    pq += w[i] * p * q
-                    q2 += w[i] * q * q
-                    px += w[i] * p * x[i]
-                    qx += w[i] * q * x[i]
-            det = p2 * q2 - pq * pq
-            if det > 0.0:
-                d2 = _f16((px * q2 - qx * pq) / det)
-                dm2 = _f16((qx * p2 - px * pq) / det)
-            elif p2 > 0.0:
-                d2 = _f16(px / p2)
-                dm2 = dmin
-            else:
-                d2, dm2 = d, dmin
+            d2, dm2 = _refit_scales(x, w, L, ls, lm, d, dmin, sub)
             Lt3 = np.zeros(QK_K)
             e = _affine_err(x, w, sub, nmax, d2, dm2, ls, lm, Lt3)
             if e < best:

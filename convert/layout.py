@@ -73,6 +73,15 @@ class LayoutResult:
     ffn_read_fraction: list[float]  # (L,) measured
     notes: list[str] = field(default_factory=list)
 
+    def summary(self) -> str:
+        """Block counts by access class and residency tier: "12 high, 3 medium, 2 low; 6 HOT, ..."."""
+        from collections import Counter
+
+        access = Counter(b.access for b in self.blocks)
+        tiers = Counter(b.tier for b in self.blocks)
+        return (", ".join(f"{access[k]} {k}" for k in ("high", "medium", "low")) + "; "
+                + ", ".join(f"{tiers[k]} {k}" for k in ("HOT", "WARM", "STREAM")))
+
 
 # --- frequencies (pure) --------------------------------------------------------------------
 

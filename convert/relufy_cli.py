@@ -6,12 +6,17 @@ import math
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from aios.cli_common import err_console
+from aios.cli_common import err_console, make_console
 from convert.relufy import ProgressFn, RelufyResult
 
 
@@ -58,7 +63,7 @@ def render_relufy(result: RelufyResult) -> None:
         r = m[key]
         t.add_row(name, f"{r['heldout_perplexity']:.3f}", f"{r['heldout_perplexity'] / base:.3f}",
                   f"{r['mean_exact_zero_fraction']:.4f}")
-    console = Console(highlight=False)
+    console = make_console()
     console.print(t)
     per_layer = " ".join(f"{x:.3f}" for x in m["after"]["per_layer_exact_zero_fraction"])
     console.print(f"per-layer exact zeros: {per_layer}")

@@ -25,7 +25,7 @@ from aios.io import hash_file, write_atomic
 from aios.models import ModelHandle, resolve_model
 from convert import evaluation as ev
 from convert import training as tr
-from convert.relufy_config import CHECKPOINT_FILE, PROVENANCE_FILE, ProgressFn, RelufyConfig
+from convert.relufy_config import CHECKPOINT_FILE, DEVICES, PROVENANCE_FILE, ProgressFn, RelufyConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model",
@@ -144,8 +144,8 @@ def _train_tokens(tokenizer, train_data, seq_len: int) -> TokenSet:
 def _pick_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"Unknown device '{device}'; choose cpu or cuda.")
+    if device not in DEVICES[1:]:  # DEVICES = ("auto", "cpu", "cuda")
+        raise UsageError(f"Unknown device '{device}'; choose {' or '.join(DEVICES[1:])}.")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was requested but torch sees no CUDA GPU.")
     return torch.device(device)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 
+from aios.cli_common import make_console
 from convert.sparsity_map import SparsityMapResult
 
 
@@ -15,7 +15,7 @@ def render_sparsity_map(result: SparsityMapResult) -> None:
         t.add_column(col, justify="right")
     for i, kept in enumerate(h["per_layer_kept"]):
         t.add_row(str(i), str(kept), str(h["d_ffn"] - kept), f"{h['per_layer_skip_fraction'][i]:.3f}")
-    console = Console(highlight=False)
+    console = make_console()
     console.print(t)
     console.print(f"skipped {h['skip_fraction']:.2%} of FFN neurons; held-out ppl "
                   f"{h['heldout_ppl_without']:.4f} without, {h['heldout_ppl_with']:.4f} with the map "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from aios.cli_common import make_console
 from aios.io import write_atomic
 from convert.svd_residual import SvdResidualResult
 
@@ -38,10 +39,9 @@ def _db(x: float | None) -> str:
 
 def render(result: SvdResidualResult, console=None) -> None:
     """Rich table per tensor, then the per-model line (measured in the runtime)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(highlight=False)
+    console = console or make_console()
     cfg = result.config
     table = Table(title=f"svd-residual · {cfg.method} · {cfg.selection} · residual {cfg.residual} "
                         f"· factors {cfg.factor_type}")

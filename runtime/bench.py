@@ -21,7 +21,8 @@ from aios.data import load_heldout
 from aios.errors import AiosError, UsageError
 from aios.io import write_atomic
 from runtime.generate import Sampling, Timing, generate, load_tokenizer
-from runtime.model import LOSSY_MODES, MODES, RELU_FAMILY, Model
+from runtime.model import RELU_FAMILY, Model
+from runtime.modes import LOSSY_MODES, MODES
 
 BENCH_SCHEMA_VERSION = "1"
 
@@ -133,6 +134,65 @@ def _cachegrind_rows(rows: list[BenchRow], predictor: str | None, ll_bytes: int 
                         "lengths; NUMBA_NUM_THREADS=1)", "ll_bytes": ll, "decode_tokens": [n1, n2]}
 
 
+def _measure_row(model: Model, path: Path, mode: str, ids: list[int], n: int, chunk: int) -> BenchRow:
+    """One timed, byte-counted decode of ``n`` tokens after the prompt ``ids`` (measured)."""
+    generate(model, ids[:8], 2, chunk=chunk)  # warm-up: numba kernels load/compile
+    out, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
+    # one more decode step counted on its own: each stored tensor once (a canonical
+    # shared by several layers counts once) — the footprint one token touches
+    distinct = None
+    if model.pos < model.hp.n_ctx:
+        model.counter.reset()
+        model.forward([(out or ids)[-1]])
+        distinct = round(model.counter.distinct_weight_bytes() / 1e6, 6)
+    if mode == "predict":  # the same decode again, untimed, counting the predictor's misses
+        model.measure_fnr = True
+        generate(model, ids, n, chunk=chunk, sampling=Sampling())
+        model.measure_fnr = False
+    per_tok = decode_mb_per_token(tm)
+    hp = model.hp
+    density = tm.decode_ffn_nnz / max(1, tm.generated * hp.n_layers * hp.d_ffn)
+    return BenchRow(
+        file=str(path), mode=mode, lossy=mode in LOSSY_MODES, activation=hp.activation,
+        weight_bytes=model.weight_bytes, prompt_tokens=len(ids), decode_forwards=tm.generated,
+        prefill_tokens_per_s=round(tm.prefill_tps, 2), decode_tokens_per_s=round(tm.decode_tps, 2),
+        decode_mb_per_token={k: round(v, 6) for k, v in per_tok.items()},
+        decode_mb_per_token_total=round(sum(per_tok.values()), 6),
+        distinct_weight_mb_per_token=distinct,
+        ffn_density=round(density, 6),
+        **_prediction_stats(model),
+    )
+
+
+def _compare_to_baseline(rows: list[BenchRow], context: int, project: bool) -> None:
+    """Measured reductions of every row against the first (and, with ``project``, the
+    reduction ``aios-contract check`` projects for each file at ``context`` tokens)."""
+    base = rows[0]
+    for r in rows[1:]:
+        if r.heldout_perplexity and base.heldout_perplexity:
+            r.perplexity_ratio_vs_baseline = round(r.heldout_perplexity / base.heldout_perplexity, 4)
+        r.reduction_vs_baseline = round(1 - r.decode_mb_per_token_total / base.decode_mb_per_token_total, 6)
+        if project:
+            proj, note = _projection(Path(r.file), context)
+            r.projected_reduction, r.projection_note = proj, note
+            if proj:
+                r.measured_over_projected = round(r.reduction_vs_baseline / proj, 4)
+    for r in rows[1:]:
+        if r.cachegrind_mb_per_token is None or not base.cachegrind_mb_per_token:
+            continue
+        r.cachegrind_reduction_vs_baseline = round(1 - r.cachegrind_mb_per_token / base.cachegrind_mb_per_token, 6)
+        if r.reduction_vs_baseline:
+            r.cachegrind_over_software = round(r.cachegrind_reduction_vs_baseline / r.reduction_vs_baseline, 4)
+        if base.cachegrind_kernel_mb_per_token:
+            r.cachegrind_kernel_reduction_vs_baseline = round(
+                1 - r.cachegrind_kernel_mb_per_token / base.cachegrind_kernel_mb_per_token, 6)
+            w, bw = r.decode_mb_per_token["weights"], base.decode_mb_per_token["weights"]
+            r.software_weight_reduction_vs_baseline = round(1 - w / bw, 6) if bw else None
+            if r.software_weight_reduction_vs_baseline:
+                r.cachegrind_kernel_over_software_weights = round(
+                    r.cachegrind_kernel_reduction_vs_baseline / r.software_weight_reduction_vs_baseline, 4)
+
+
 def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
           chunk: int = 64, tokenizer: str | None = None, project: bool = True,
           predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
@@ -158,32 +218,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
                 continue
             if mode != "dense":
                 model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
-            generate(model, ids[:8], 2, chunk=chunk)  # warm-up: numba kernels load/compile
-            out, tm = generate(model, ids, n, chunk=chunk, sampling=Sampling())
-            # one more decode step counted on its own: each stored tensor once (a canonical
-            # shared by several layers counts once) — the footprint one token touches
-            distinct = None
-            if model.pos < model.hp.n_ctx:
-                model.counter.reset()
-                model.forward([(out or ids)[-1]])
-                distinct = round(model.counter.distinct_weight_bytes() / 1e6, 6)
-            if mode == "predict":  # the same decode again, untimed, counting the predictor's misses
-                model.measure_fnr = True
-                generate(model, ids, n, chunk=chunk, sampling=Sampling())
-                model.measure_fnr = False
-            per_tok = decode_mb_per_token(tm)
-            hp = model.hp
-            density = tm.decode_ffn_nnz / max(1, tm.generated * hp.n_layers * hp.d_ffn)
-            rows.append(BenchRow(
-                file=str(path), mode=mode, lossy=mode in LOSSY_MODES, activation=hp.activation,
-                weight_bytes=model.weight_bytes, prompt_tokens=len(ids), decode_forwards=tm.generated,
-                prefill_tokens_per_s=round(tm.prefill_tps, 2), decode_tokens_per_s=round(tm.decode_tps, 2),
-                decode_mb_per_token={k: round(v, 6) for k, v in per_tok.items()},
-                decode_mb_per_token_total=round(sum(per_tok.values()), 6),
-                distinct_weight_mb_per_token=distinct,
-                ffn_density=round(density, 6),
-                **_prediction_stats(model),
-            ))
+            rows.append(_measure_row(model, path, mode, ids, n, chunk))
             if perplexity_tokens:
                 from runtime.perplexity import heldout_ids, perplexity
 
@@ -196,30 +231,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
     if cachegrind:
         cg_settings = _cachegrind_rows(rows, predictor, ll_bytes, cachegrind_tokens, progress)
     base = rows[0]
-    context = base.prompt_tokens + n // 2
-    for r in rows[1:]:
-        if r.heldout_perplexity and base.heldout_perplexity:
-            r.perplexity_ratio_vs_baseline = round(r.heldout_perplexity / base.heldout_perplexity, 4)
-        r.reduction_vs_baseline = round(1 - r.decode_mb_per_token_total / base.decode_mb_per_token_total, 6)
-        if project:
-            proj, note = _projection(Path(r.file), context)
-            r.projected_reduction, r.projection_note = proj, note
-            if proj:
-                r.measured_over_projected = round(r.reduction_vs_baseline / proj, 4)
-    for r in rows[1:]:
-        if r.cachegrind_mb_per_token is None or not base.cachegrind_mb_per_token:
-            continue
-        r.cachegrind_reduction_vs_baseline = round(1 - r.cachegrind_mb_per_token / base.cachegrind_mb_per_token, 6)
-        if r.reduction_vs_baseline:
-            r.cachegrind_over_software = round(r.cachegrind_reduction_vs_baseline / r.reduction_vs_baseline, 4)
-        if base.cachegrind_kernel_mb_per_token:
-            r.cachegrind_kernel_reduction_vs_baseline = round(
-                1 - r.cachegrind_kernel_mb_per_token / base.cachegrind_kernel_mb_per_token, 6)
-            w, bw = r.decode_mb_per_token["weights"], base.decode_mb_per_token["weights"]
-            r.software_weight_reduction_vs_baseline = round(1 - w / bw, 6) if bw else None
-            if r.software_weight_reduction_vs_baseline:
-                r.cachegrind_kernel_over_software_weights = round(
-                    r.cachegrind_kernel_reduction_vs_baseline / r.software_weight_reduction_vs_baseline, 4)
+    _compare_to_baseline(rows, base.prompt_tokens + n // 2, project)
     return {
         "schema_version": BENCH_SCHEMA_VERSION,
         "cachegrind": cg_settings,

@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from aios.cli_common import EXIT_CODES_HELP, AiosGroup, version_option
-from runtime.model import MODES
+from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option
+from runtime.modes import MODES
 
-console = Console(highlight=False)
+console = make_console()
 MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations), map (static sparsity map, "
              "lossy), predict (low-rank activation predictor picks up/gate rows, lossy; see fit-predictor).")
 PREDICTOR_HELP = "Predictor file for --mode predict (default: MODEL with suffix .predictor.npz)."
@@ -46,8 +45,10 @@ def main() -> None:
 def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
     from runtime.bench import decode_mb_per_token
-    from runtime.generate import Sampling, generate as gen, load_tokenizer
-    from runtime.model import LOSSY_MODES, Model
+    from runtime.generate import Sampling, load_tokenizer
+    from runtime.generate import generate as gen
+    from runtime.model import Model
+    from runtime.modes import LOSSY_MODES
 
     path = Path(model)
     m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
@@ -110,7 +111,8 @@ def _two_ints(text: str) -> tuple[int, int]:
 def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
           cachegrind, ll_size, cachegrind_tokens, out_dir) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
-    from runtime.bench import bench as run_bench, shares_weights, write_bench
+    from runtime.bench import bench as run_bench
+    from runtime.bench import shares_weights, write_bench
 
     res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
@@ -169,6 +171,7 @@ def fit_predictor(model, output, rank, target_fnr, calibration, max_tokens, toke
     """Fit the low-rank FFN activation predictor used by --mode predict (ReLU-family GGUFs)."""
     from aios.data import load_texts
     from runtime import predictor as P
+    from runtime.fit_predictor import fit
 
     path = Path(model)
     if not path.is_file():
@@ -177,7 +180,7 @@ def fit_predictor(model, output, rank, target_fnr, calibration, max_tokens, toke
         raise ModelNotFoundError(f"No such GGUF file: {model}.")
     cfg = P.PredictorConfig(rank=rank, target_fnr=target_fnr, max_tokens=max_tokens)
     with console.status("collecting FFN inputs and fitting per-layer predictors…"):
-        pred = P.fit(path, cfg, texts=load_texts(calibration), tokenizer_dir=tokenizer)
+        pred = fit(path, cfg, texts=load_texts(calibration), tokenizer_dir=tokenizer)
     out = P.save(pred, output or P.default_path(path))
     h = pred.info["heldout"]
     console.print(f"wrote {out}: rank {rank}, {len(pred.layers)} layers, {pred.nbytes / 1e6:.3f} MB; on "

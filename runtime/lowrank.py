@@ -164,17 +164,3 @@ def lowrank_hook(model, tensors: dict, i: int, L: dict) -> None:
                 f"--mode {model.mode} reads single rows of a plain ffn_down, but {model.path.name} stores it "
                 "as low-rank factors; run --mode dense (or convert with ffn_down kept plain)."
             )
-
-
-
-def __getattr__(name: str):
-    """``evaluate_gguf`` moved to :mod:`runtime.evaluate`; ``convert/cli.py`` still imports it here.
-
-    Transitional: delete once that caller imports ``runtime.evaluate`` (the lazy import below is
-    the one edge from this module back up to the model).
-    """
-    if name == "evaluate_gguf":
-        from runtime.evaluate import evaluate_gguf
-
-        return evaluate_gguf
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,12 +31,11 @@ from aios.models.architectures import Architecture, for_gguf_arch, runtime_archi
 from runtime import gguf_checks, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
+from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
 from runtime.weights import Linear, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
-MODES = ("dense", "sparse", "map", "predict")
-LOSSY_MODES = ("map", "predict")
 F32 = 4
 _NO_BIAS = np.zeros(0, np.float32)  # layer_norm without a bias
 

@@ -205,16 +205,3 @@ def load(path: str | Path, model) -> Predictor:
         raise InvalidModelError(f"{path} was fitted on {src.get('name', 'another file')}, not {model.path.name}; "
                                 f"refit with: aios-run fit-predictor {model.path}")
     return Predictor(layers, info)
-
-
-def __getattr__(name: str):
-    """``fit`` moved to :mod:`runtime.fit_predictor`; ``runtime/cli.py`` still calls ``P.fit``.
-
-    Transitional: delete once that caller imports ``runtime.fit_predictor`` (the lazy import
-    below is the one edge from this module back up to the model).
-    """
-    if name == "fit":
-        from runtime.fit_predictor import fit
-
-        return fit
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

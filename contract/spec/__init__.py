@@ -35,6 +35,11 @@ def tiers(version: str = CURRENT_VERSION) -> list[dict[str, Any]]:
     return load_spec(version)["tiers"]
 
 
+def tier_ids(version: str = CURRENT_VERSION) -> tuple[str, ...]:
+    """The tier ids in contract order (``--require-tier`` choices)."""
+    return tuple(t["id"] for t in tiers(version))
+
+
 def zone_threshold(layer: int, n_layers: int, version: str = CURRENT_VERSION) -> float:
     """Aliasing cosine threshold for ``layer`` by its relative depth (docs/design.md, "Aliasing zones")."""
     depth = layer / n_layers

@@ -17,7 +17,7 @@ converter".
 """
 
 from convert.gguf.export import ExportResult, check_output_file, check_outtype, export_gguf
-from convert.gguf.metadata import add_metadata, aios_metadata, provenance, sha256_file
+from convert.gguf.metadata import add_metadata, aios_metadata, provenance
 from convert.gguf.plan import (ExportPlan, GGUFExportConfig, PlannedTensor, check_exportable,
                                fallback_lines, gguf_name, gguf_name_map, plan_tensor, plan_tensors,
                                tensor_order)
@@ -28,6 +28,6 @@ __all__ = [
     "OUTTYPES", "ExportPlan", "ExportResult", "GGUFExportConfig", "PlannedTensor", "TensorOut",
     "add_metadata", "aios_metadata", "atomic_output", "check_exportable", "check_output_file",
     "check_outtype", "export_gguf", "fallback_lines", "finalize", "gguf_name", "gguf_name_map",
-    "plan_tensor", "plan_tensors", "provenance", "sha256_file", "tensor_order", "write_gguf_file",
+    "plan_tensor", "plan_tensors", "provenance", "tensor_order", "write_gguf_file",
     "write_plan",
 ]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from aios import CONTRACT_VERSION, __version__
+from aios.io import sha256_file
 from aios.models import ModelHandle
 from aios.models.architectures import activation_family
 from convert.gguf import sparsity
@@ -167,14 +168,6 @@ def provenance(handle: ModelHandle, config: GGUFExportConfig | None = None, *,
             "source": {"name": handle.name, "kind": handle.kind, "architecture": handle.arch.name,
                        "weights": files, "sha256": small},
             "converter_config": converter_config}
-
-
-def sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def add_metadata(w, meta: dict[str, object]) -> None:
