@@ -14,7 +14,6 @@ import click
 from rich.table import Table
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option
-from aios.models.aliases import DEFAULT_MODEL
 from contract.checks.base import fmt_bytes
 from contract.spec import tier_ids
 
@@ -32,7 +31,16 @@ ALLOW_PICKLE_HELP = ("Read pickled .bin/.pt weights (refused by default) with to
 
 
 def _model_arg(model: str, allow_pickle: bool):
-    """MODEL as typed, or an already resolved handle when pickles are allowed."""
+    """MODEL as typed, or an already resolved handle when pickles are allowed.
+
+    MODEL is required and may not be empty (``check $MODEL`` with the variable unset): that is
+    a usage error (exit 2), never a silent check of the bundled model.
+    """
+    from aios.errors import UsageError
+
+    if not model.strip():
+        raise UsageError("MODEL is empty; pass a folder, a .gguf file, a hub id or an alias "
+                         "(the bundled model by its name: tiny-falcon).")
     if not allow_pickle:
         return model
     from aios.models import resolve_model
@@ -41,12 +49,12 @@ def _model_arg(model: str, allow_pickle: bool):
 
 
 @main.command()
-@click.argument("model", default=DEFAULT_MODEL)
+@click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
 @click.option("--max-tensors", default=60, show_default=True, help="Tensor rows shown (0 = all).")
 @click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
 def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> None:
-    """Architecture facts and tensor inventory of MODEL (default: the bundled fixture).
+    """Architecture facts and tensor inventory of MODEL (e.g. the bundled tiny-falcon).
 
     MODEL is a local HF folder, a .gguf file, a hub id in the local Hugging Face cache,
     or a built-in alias (e.g. falcon-7b, llama-3.1-8b, tiny-falcon).
@@ -107,7 +115,7 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
 
 
 @main.command()
-@click.argument("model", default=DEFAULT_MODEL)
+@click.argument("model")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="JSONL (text field) or TXT prompts; default: bundled set.")
 @click.option("--samples", type=int, default=None, help="Use only the first N calibration samples.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample.")

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aios.errors import InvalidModelError, ModelNotFoundError
+from aios.errors import InvalidModelError, ModelNotFoundError, UsageError
 from aios.models import architectures
 from aios.models.aliases import ALIASES, Alias, find_alias
 from aios.models.facts import ArchFacts, facts_from_hf_config
@@ -32,7 +32,9 @@ def resolve_model(spec: str, *, allow_pickle: bool = False) -> ModelHandle:
     """
     spec = str(spec).strip()
     if not spec:
-        raise ModelNotFoundError("MODEL is empty; pass a folder, a .gguf file, a hub id or an alias.")
+        # an unset CI variable (`check $MODEL`) must not silently check something else: usage, exit 2
+        raise UsageError("MODEL is empty; pass a folder, a .gguf file, a hub id or an alias "
+                         "(the bundled model by its name: tiny-falcon).")
     path = Path(spec).expanduser()
     if path.exists():
         return _from_path(spec, path, allow_pickle=allow_pickle)

@@ -54,3 +54,24 @@ def test_reports_validate(lm, tmp_path):
 
 def test_committed_schema_is_current():
     assert (SPEC_DIR / "report.schema.json").read_text() == schema_json()
+
+
+def test_missing_or_empty_model_is_a_usage_error():
+    """`check $MODEL` with MODEL unset must not silently check the bundled model (issue 19.1)."""
+    for args in ([], [""], ["  "]):
+        res = run(*args, "--require", "R2")
+        assert res.exit_code == 2, (args, res.output)
+        assert "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["inspect", ""])
+    assert res.exit_code == 2 and "MODEL is empty" in res.output
+
+
+def test_empty_model_is_a_usage_error_in_the_library():
+    import pytest
+
+    from aios.errors import ExitCode, UsageError
+    from aios.models import resolve_model
+
+    with pytest.raises(UsageError) as e:
+        resolve_model("")
+    assert e.value.exit_code == ExitCode.USAGE
