@@ -6,6 +6,7 @@ line on stderr and their documented exit code, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import click
@@ -36,6 +37,22 @@ def make_console(*, stderr: bool = False) -> Console:
 err_console = make_console(stderr=True)
 
 
+# A path that cannot be written (or read): read-only folder or file system, no permission, a
+# regular file where a folder is needed. Exit 4 (unusable input / output path), one line.
+ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                           errno.EEXIST})
+
+
+def access_message(e: OSError) -> str:
+    """One sentence for an :data:`ACCESS_ERRNOS` error, naming the path."""
+    where = e.filename or "the output"
+    if e.filename2:
+        where = f"{e.filename} -> {e.filename2}"
+    reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+    return (f"Cannot write {where}: {reason}. Choose a writable output (-o), or fix the "
+            "permissions, and rerun; nothing was written under the final name.")
+
+
 class AiosGroup(click.Group):
     """A click group that turns user-caused errors into one line and an exit code."""
 
@@ -48,10 +65,13 @@ class AiosGroup(click.Group):
         except OSError as e:  # a writer other than write_atomic (e.g. gguf-py's) hit a full disk
             from aios.io import disk_full_message, is_disk_full
 
-            if not is_disk_full(e):
+            if is_disk_full(e):
+                err_console.print(f"[bold red]error:[/] {disk_full_message(e.filename, e)}", soft_wrap=True)
+                sys.exit(int(ExitCode.NOT_EVALUATED))
+            if e.errno not in ACCESS_ERRNOS:
                 raise
-            err_console.print(f"[bold red]error:[/] {disk_full_message(e.filename, e)}", soft_wrap=True)
-            sys.exit(int(ExitCode.NOT_EVALUATED))
+            err_console.print(f"[bold red]error:[/] {access_message(e)}", soft_wrap=True)
+            sys.exit(int(ExitCode.BAD_INPUT))
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]: nothing was written under the final name.")
             sys.exit(130)
@@ -65,4 +85,4 @@ def version_option():
     )
 
 
-__all__ = ["AiosGroup", "EXIT_CODES_HELP", "ExitCode", "err_console", "version_option"]
+__all__ = ["ACCESS_ERRNOS", "AiosGroup", "access_message", "EXIT_CODES_HELP", "ExitCode", "err_console", "version_option"]
