@@ -20,8 +20,9 @@ from aios.errors import InvalidModelError, UsageError
 
 INT_KEYS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length")
 OPTIONAL_INT_KEYS = ("attention.head_count_kv", "context_length", "rope.dimension_count",
-                     "attention.key_length")
-FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon")
+                     "attention.key_length", "attention.sliding_window")
+FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon",
+              "rope.freq_base_swa", "attn_logit_softcapping", "final_logit_softcapping")
 MAX_LAYERS = 4096
 
 
@@ -88,6 +89,8 @@ def _expected(hp) -> dict[str, tuple[int, ...]]:
                        "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
     if hp.graph.qk_norm:
         shapes.update({"attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)})
+    if hp.graph.post_norms:
+        shapes.update({"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)})
     if not hp.graph.parallel_attn_default:
         shapes["ffn_norm.weight"] = (d,)
     if hp.graph.gated_ffn:

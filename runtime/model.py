@@ -56,6 +56,12 @@ class HParams:
     activation: str
     activation_threshold: float | None
     graph: Architecture  # the architecture row: norm, RoPE, QKV, parallel block, gated FFN
+    attn_scale: float = 0.0  # q·k multiplier (1/sqrt(head_dim) unless the file says otherwise)
+    window: int = 0  # sliding-window size of local layers (0: none)
+    swa_layers: tuple[bool, ...] = ()  # per layer: uses the window and the local RoPE base
+    rope_base_swa: float = 0.0
+    attn_softcap: float = 0.0  # 0: none
+    final_softcap: float = 0.0
 
 
 def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
@@ -104,22 +110,45 @@ def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
     n_heads = int(f("attention.head_count"))
     d_model = int(f("embedding_length"))
     hd = int(f("attention.key_length", d_model // n_heads))  # explicit when heads·hd != d_model
+    n_layers = int(f("block_count"))
+    window = int(f("attention.sliding_window", 0))
+    rope_base = float(f("rope.freq_base", 10000.0))
     return HParams(
         arch=arch,
-        n_layers=int(f("block_count")),
+        n_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
         n_kv=int(f("attention.head_count_kv", n_heads)),
         head_dim=hd,
         d_ffn=int(f("feed_forward_length")),
         n_ctx=int(n_ctx or f("context_length", 2048)),
-        rope_base=float(f("rope.freq_base", 10000.0)),
+        rope_base=rope_base,
         rope_dims=int(f("rope.dimension_count", hd)),
         norm_eps=float(f("attention.layer_norm_epsilon", None) or f("attention.layer_norm_rms_epsilon", 1e-5)),
         activation=str(store.field("aios.ffn_activation") or row.llama_cpp_ffn_activation),
         activation_threshold=store.field("aios.ffn_activation_threshold"),
         graph=row,
+        attn_scale=float(store.field("aios.attention.scale") or 1 / math.sqrt(hd)),
+        window=window,
+        swa_layers=_swa_layers(f("attention.sliding_window_pattern"), window, n_layers, row),
+        rope_base_swa=float(f("rope.freq_base_swa", rope_base)),
+        attn_softcap=float(f("attn_logit_softcapping", 0.0)),
+        final_softcap=float(f("final_logit_softcapping", 0.0)),
     )
+
+
+def _swa_layers(pattern, window: int, n_layers: int, row: Architecture) -> tuple[bool, ...]:
+    """Which layers attend through the sliding window: the file's per-layer pattern (a list of
+    booleans), else every layer but each n-th (n: the file's integer pattern or the row's
+    ``swa_pattern``; llama.cpp's rule), none without a window."""
+    if window <= 0:
+        return (False,) * n_layers
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise InvalidModelError(f"The sliding-window pattern has {len(pattern)} entries for {n_layers} layers.")
+        return tuple(bool(x) for x in pattern)
+    n = int(pattern) if isinstance(pattern, int) and not isinstance(pattern, bool) else row.swa_pattern
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
 
 
 class Model:
@@ -172,6 +201,8 @@ class Model:
         if "rope_freqs.weight" in t:  # per-frequency divisors (Llama 3.1 RoPE scaling), as llama.cpp
             inv = inv / vector(t["rope_freqs.weight"]).astype(np.float64)
         self._inv_freq = inv  # (rope_dims/2,)
+        # local (sliding-window) layers' RoPE base (Gemma 3: 10,000 vs 1,000,000 for global ones)
+        self._inv_freq_swa = hp.rope_base_swa ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
 
     # --- loading ---------------------------------------------------------------------
     def _layer(self, t: dict, i: int) -> dict:
@@ -223,9 +254,10 @@ class Model:
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
         return ops.rms_norm(flat, w, self.hp.norm_eps).reshape(x.shape)
 
-    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:  # x (T, H, hd)
+    def _rope(self, x: np.ndarray, positions: np.ndarray, local: bool = False) -> np.ndarray:  # x (T, H, hd)
         x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
-        ops.rope(x, positions.astype(np.float64), self._inv_freq, self.hp.graph.rope == "neox")
+        inv = self._inv_freq_swa if local else self._inv_freq
+        ops.rope(x, positions.astype(np.float64), inv, self.hp.graph.rope == "neox")
         return x
 
     def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
@@ -237,7 +269,9 @@ class Model:
         kv_row = hp.n_kv * hp.head_dim * F32
         self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
         self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
-        return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0)
+        window = hp.window if hp.swa_layers[layer] else 0
+        return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, hp.attn_scale, window,
+                             hp.attn_softcap)
 
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:
         p = self.predictor.layers[layer]
@@ -304,6 +338,8 @@ class Model:
             raise UsageError(f"Context full: {self.pos + T} tokens exceed the context of {hp.n_ctx}.")
         positions = np.arange(self.pos, self.pos + T)
         x = self.tok_embd.rows_f32(tokens)  # (T, d_model): one stored row read per token
+        if hp.graph.embed_scale:  # Gemma: embeddings scaled by sqrt(d_model)
+            x *= np.float32(math.sqrt(hp.d_model))
         self.counter.add("weights", T * self.tok_embd.row_bytes, None, self.tok_embd.name)
         act_bytes = 0
         self.ffn_nnz = 0
@@ -324,10 +360,13 @@ class Model:
             if g.qk_norm:  # RMSNorm over each head's vector, before RoPE
                 q = self._head_norm(q, L["attn_q_norm.weight"])
                 k = self._head_norm(k, L["attn_k_norm.weight"])
-            q = self._rope(q, positions)
-            k = self._rope(k, positions)
+            local = hp.swa_layers[i]
+            q = self._rope(q, positions, local)
+            k = self._rope(k, positions, local)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
             attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i)
+            if g.post_norms:  # Gemma: each branch's output normed before the residual add
+                attn = self._norm(attn, L["post_attention_norm.weight"], None)
             if g.parallel_attn_default:  # parallel attention and MLP on the same normed input
                 ffn, nnz = self._ffn(L, h, i)
                 x = x + attn + ffn
@@ -335,6 +374,8 @@ class Model:
                 x = x + attn
                 h2 = self._norm(x, L["ffn_norm.weight"], None)
                 ffn, nnz = self._ffn(L, h2, i)
+                if g.post_norms:
+                    ffn = self._norm(ffn, L["post_ffw_norm.weight"], None)
                 x = x + ffn
             # intermediate vectors of the block: residual/norm copies (one more with a separate
             # FFN norm), q/k/v, attention output, FFN activations (one more when gated)
@@ -347,4 +388,7 @@ class Model:
         self.pos += T
         x = x if all_logits else x[-1:]
         out = self._norm(x, self.output_norm, self.output_norm_b)
-        return self._mm(self.output, out, None)
+        logits = self._mm(self.output, out, None)
+        if hp.final_softcap:  # Gemma 2: cap·tanh(logits / cap)
+            logits = (hp.final_softcap * np.tanh(logits / hp.final_softcap)).astype(np.float32)
+        return logits

@@ -63,30 +63,38 @@ def rope(x, positions, inv_freq, neox):  # x (T, H, hd) f32, rotated in place on
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def attention(q, K, V, p0):  # q (T, Hq, hd); K, V (n, Hkv, hd) with n = p0 + T; causal
+def attention(q, K, V, p0, scale, window, softcap):
+    """Causal attention of q (T, Hq, hd) over K, V (n, Hkv, hd), n = p0 + T (GQA by head groups).
+
+    ``scale`` multiplies q·k; ``window`` > 0 limits each query to the last ``window`` keys
+    (itself included: sliding-window layers); ``softcap`` > 0 caps scores as
+    softcap·tanh(s/softcap) before the softmax (Gemma 2)."""
     T, Hq, hd = q.shape
     group = Hq // K.shape[1]
-    scale = 1.0 / math.sqrt(hd)
     out = np.empty((T, Hq * hd), np.float32)
     for th in prange(T * Hq):
         t, h = th // Hq, th % Hq
         kv = h // group
         m = p0 + t + 1  # keys 0 .. p0 + t
-        s = np.empty(m, np.float64)
+        j0 = max(0, m - window) if window > 0 else 0
+        s = np.empty(m - j0, np.float64)
         top = -np.inf
-        for j in range(m):
+        for j in range(j0, m):
             acc = np.float32(0.0)
             for d in range(hd):
                 acc += q[t, h, d] * K[j, kv, d]
-            s[j] = acc * scale
-            top = max(top, s[j])
+            sj = acc * scale
+            if softcap > 0.0:
+                sj = softcap * math.tanh(sj / softcap)
+            s[j - j0] = sj
+            top = max(top, sj)
         tot = 0.0
-        for j in range(m):
+        for j in range(m - j0):
             s[j] = math.exp(s[j] - top)
             tot += s[j]
         o = np.zeros(hd, np.float64)
-        for j in range(m):
-            wj = s[j] / tot
+        for j in range(j0, m):
+            wj = s[j - j0] / tot
             for d in range(hd):
                 o[d] += wj * V[j, kv, d]
         for d in range(hd):

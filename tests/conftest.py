@@ -36,6 +36,11 @@ TINY_CONFIGS: dict[str, dict] = {
     "qwen3": dict(model_type="qwen3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=32, intermediate_size=96, hidden_act="silu",
                   vocab_size=128),
+    # 6 layers: five sliding-window layers (window 8, shorter than the test prompts) and a global one
+    "gemma3": dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=6,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=96,
+                   hidden_activation="gelu_pytorch_tanh", vocab_size=128, sliding_window=8,
+                   query_pre_attn_scalar=32, max_position_embeddings=512),
     "gemma2": dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, intermediate_size=96,
                    hidden_activation="gelu_pytorch_tanh", vocab_size=128),

@@ -68,6 +68,9 @@ class Architecture:
     final_softcap_key: str | None = None  # config key of final logit soft-capping
     embed_scale: bool = False  # embeddings multiplied by sqrt(d_model)
     sliding_window_key: str | None = None  # config key of the local-attention window
+    # which layers use the window when a file gives no per-layer pattern: every layer but each
+    # swa_pattern-th (llama.cpp's default for the architecture); 0 = all layers
+    swa_pattern: int = 0
     # What llama.cpp executes for this GGUF architecture's FFN, whatever the file declares:
     # llama.cpp hard-codes the activation per architecture (docs/design.md, "Pitfalls").
     llama_cpp_ffn_activation: str = "silu"
@@ -91,9 +94,10 @@ class Architecture:
         attn = ("attn_qkv.weight",) if self.fused_qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
         ffn_norm = () if self.parallel_attn_default else ("ffn_norm.weight",)
         qk_norm = ("attn_q_norm.weight", "attn_k_norm.weight") if self.qk_norm else ()
+        post = ("post_attention_norm.weight", "post_ffw_norm.weight") if self.post_norms else ()
         gate = ("ffn_gate.weight",) if self.gated_ffn and not self.fused_gate_up else ()
         return ("attn_norm.weight", *attn, *qk_norm, "attn_output.weight", *ffn_norm, *gate,
-                "ffn_up.weight", "ffn_down.weight")
+                "ffn_up.weight", "ffn_down.weight", *post)
 
     def layout_rule(self, hf_name: str) -> str | None:
         """The export layout rule for HF tensor ``hf_name`` (None: stored as is)."""
@@ -218,6 +222,30 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_hparams=("key_value_length",),
         runtime=True,
         **{**_LLAMA_KEYS, "layout_rules": ()},
+    ),
+    Architecture(
+        name="gemma3",
+        hf_model_types=("gemma3_text",),
+        gguf_arch="GEMMA3",
+        description="Gemma 3 (text): GeGLU-tanh FFN, q/k RMSNorm, four norms per block stored as "
+                    "(1 + w), sqrt(d) embedding scale, local (sliding-window) and global layers with "
+                    "their own RoPE bases",
+        activation_keys=("hidden_activation", "hidden_act"),
+        default_activation="gelu_pytorch_tanh",
+        tied_default=True,
+        rope="neox",
+        qk_norm=True,
+        post_norms=True,
+        embed_scale=True,
+        final_softcap_key="final_logit_softcapping",
+        sliding_window_key="sliding_window",
+        swa_pattern=6,
+        llama_cpp_ffn_activation="gelu_pytorch_tanh",
+        export_model_types=("gemma3_text",),
+        gguf_hparams=("key_value_length", "sliding_window", "rope_freq_base_swa",
+                      "final_logit_softcapping", "attention_scale"),
+        runtime=True,
+        **{**_LLAMA_KEYS, "layout_rules": (("plus_one", "norm.weight"),)},
     ),
     Architecture(
         name="gemma2",

@@ -51,6 +51,42 @@ def _key_value_length(w, handle: ModelHandle) -> None:
         w.add_value_length(f.head_dim)
 
 
+def _layer_types(handle: ModelHandle) -> list[str]:
+    return list(handle.config.get("layer_types") or [])
+
+
+def _sliding_window(w, handle: ModelHandle) -> None:
+    """The window, and which layers use it (llama.cpp's per-layer pattern array)."""
+    window = handle.config.get(handle.arch.sliding_window_key or "sliding_window")
+    types = _layer_types(handle)
+    if window and (not types or "sliding_attention" in types):
+        w.add_sliding_window(int(window))
+        if types:
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+
+
+def _rope_freq_base_swa(w, handle: ModelHandle) -> None:
+    c = handle.config
+    local = rope_parameters(c, "sliding_attention").get("rope_theta") if "sliding_attention" in (
+        c.get("rope_parameters") or {}) else c.get("rope_local_base_freq")
+    if local is not None:
+        w.add_rope_freq_base_swa(float(local))
+
+
+def _final_logit_softcapping(w, handle: ModelHandle) -> None:
+    cap = handle.config.get(handle.arch.final_softcap_key or "final_logit_softcapping")
+    if cap:
+        w.add_final_logit_softcapping(float(cap))
+
+
+def _attention_scale(w, handle: ModelHandle) -> None:
+    """Only when q·k is not scaled by 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar); llama.cpp
+    derives the scale from the model size instead, aios-run reads this key."""
+    qpas = handle.config.get("query_pre_attn_scalar")
+    if qpas and int(qpas) != handle.facts.head_dim:
+        w.add_float32("aios.attention.scale", float(qpas) ** -0.5)
+
+
 # Architecture keys a row may ask for (``Architecture.gguf_hparams``), in the order written.
 HPARAM_WRITERS: dict[str, Callable[[Any, ModelHandle], None]] = {
     "vocab_size": lambda w, h: w.add_vocab_size(int(h.facts.vocab_size)),  # type: ignore[arg-type]
@@ -58,6 +94,10 @@ HPARAM_WRITERS: dict[str, Callable[[Any, ModelHandle], None]] = {
     "key_value_length": _key_value_length,
     "rope_scaling": _rope_scaling,
     "tensor_data_layout": lambda w, h: w.add_tensor_data_layout("jploski"),  # Falcon QKV regrouped
+    "sliding_window": _sliding_window,
+    "rope_freq_base_swa": _rope_freq_base_swa,
+    "final_logit_softcapping": _final_logit_softcapping,
+    "attention_scale": _attention_scale,
 }
 _BEFORE_EPS = ("vocab_size", "rope_dimension_count")  # written before the norm epsilon
 
@@ -72,8 +112,10 @@ def write_hparams(w, handle: ModelHandle, outtype: str) -> None:
     w.add_feed_forward_length(f.d_ffn)
     w.add_head_count(f.n_heads)
     w.add_head_count_kv(f.n_kv_heads)
-    rope = c.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", c.get("rope_theta"))
+    params = c.get("rope_parameters") or {}
+    if isinstance(params.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
+        params = params["full_attention"]
+    theta = params.get("rope_theta", c.get("rope_theta"))
     for key in (k for k in arch.gguf_hparams if k in _BEFORE_EPS):
         HPARAM_WRITERS[key](w, handle)
     if arch.norm == "rms":

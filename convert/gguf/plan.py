@@ -158,10 +158,12 @@ def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray]
     return sorted(plan, key=lambda p: tensor_order(p.name))
 
 
-def rope_parameters(config: dict) -> dict:
+def rope_parameters(config: dict, layer_type: str = "full_attention") -> dict:
     """The RoPE dict of an HF config: ``rope_scaling`` (transformers 4) or ``rope_parameters``
-    (transformers 5, which also holds ``rope_theta``); empty when neither is set."""
-    return config.get("rope_scaling") or config.get("rope_parameters") or {}
+    (transformers 5, which also holds ``rope_theta``, per layer type for models with local and
+    global layers: Gemma 3); empty when neither is set."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return rope.get(layer_type, rope) if isinstance(rope.get(layer_type), dict) else rope
 
 
 def llama3_rope_factors(config: dict, head_dim: int) -> np.ndarray | None:

@@ -117,6 +117,8 @@ def apply_layout(t, rule: str | None, facts):
         return rope_interleave(t, facts.n_kv_heads)
     if rule == "transpose":
         return t.T
+    if rule == "plus_one":  # Gemma's RMSNorm computes x·(1 + w); llama.cpp's multiplies by the weight
+        return t.float() + 1
     return t
 
 

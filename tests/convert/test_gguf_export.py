@@ -250,10 +250,11 @@ def test_sentencepiece_style_tokenizer_in_llama_cpp(tmp_path):
         llm.close()
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder", "qwen2", "qwen3", "llama3"])
+@pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder", "qwen2", "qwen3", "llama3", "gemma3"])
 def test_other_layouts_llama_cpp_parity(tmp_path, kind):
     """GPT-2's transposed Conv1D, Falcon-40B's grouped QKV, Qwen2's q/k/v biases with NeoX
-    RoPE (q/k not permuted), Qwen3's q/k norms and Llama 3.1's RoPE factors, on random tiny
+    RoPE (q/k not permuted), Qwen3's q/k norms, Llama 3.1's RoPE factors and Gemma 3's local/global
+    layers (window 8 < prompt length), q/k norms, (1 + w) norms and embedding scale, on random tiny
     models."""
     from tests.conftest import LLAMA3_ROPE
 
@@ -265,7 +266,9 @@ def test_other_layouts_llama_cpp_parity(tmp_path, kind):
     ref = h.load_torch(dtype="float32")
     ids = held_out_ids(h.load_tokenizer(), n_texts=1, max_len=48)[0]
     a, b = hf_logits(ref, ids), llama_cpp_logits(out, ids)
-    assert np.abs(a - b).max() <= PARITY_ATOL
+    # Gemma's GeGLU goes through llama.cpp's fp16 GELU lookup table (measured 3.4e-4 here; the
+    # runtime matches transformers within 1e-4 on the same model, test_model.py)
+    assert np.abs(a - b).max() <= (1e-3 if kind == "gemma3" else PARITY_ATOL)
     assert (a.argmax(-1) == b.argmax(-1)).all()
 
 

@@ -49,16 +49,21 @@ def test_rope_rotates_the_documented_pairs(neox: bool) -> None:
 
 
 @pytest.mark.parametrize("T,p0,Hq,Hkv", [(1, 0, 4, 4), (1, 9, 8, 2), (4, 0, 4, 1), (3, 5, 6, 3)])
-def test_attention_causal_gqa(T: int, p0: int, Hq: int, Hkv: int) -> None:
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (3, 0.0), (0, 2.0), (4, 1.5)])
+def test_attention_causal_gqa(T: int, p0: int, Hq: int, Hkv: int, window: int, softcap: float) -> None:
     hd, n = 8, p0 + T
+    scale = 1 / math.sqrt(hd) if softcap == 0 else 0.3
     q = RNG.standard_normal((T, Hq, hd), dtype=np.float32)
     K = RNG.standard_normal((n, Hkv, hd), dtype=np.float32)
     V = RNG.standard_normal((n, Hkv, hd), dtype=np.float32)
     ref = np.zeros((T, Hq * hd))
     for t in range(T):
+        j0 = max(0, p0 + t + 1 - window) if window else 0  # sliding window: the last `window` keys
         for h in range(Hq):
             kv = h // (Hq // Hkv)
-            s = K[: p0 + t + 1, kv].astype(np.float64) @ q[t, h] / math.sqrt(hd)
+            s = K[j0 : p0 + t + 1, kv].astype(np.float64) @ q[t, h] * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             w = np.exp(s - s.max())
-            ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ V[: p0 + t + 1, kv]
-    np.testing.assert_allclose(ops.attention(q, K, V, p0), ref, rtol=1e-5, atol=1e-5)
+            ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ V[j0 : p0 + t + 1, kv]
+    np.testing.assert_allclose(ops.attention(q, K, V, p0, scale, window, softcap), ref, rtol=1e-5, atol=1e-5)
