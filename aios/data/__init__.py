@@ -5,7 +5,7 @@
 - ``heldout.jsonl``: separate passages for perplexity; never used for calibration.
 
 User files: JSONL with a ``text`` field per line, or plain text (blank-line separated
-paragraphs become separate samples).
+paragraphs become separate samples). Empty samples are skipped; a file with none left is refused.
 """
 
 from __future__ import annotations
@@ -45,11 +45,14 @@ def load_texts(path: str | Path | None = None, limit: int | None = None) -> list
                 raise BadTextFileError(f"{p}:{lineno} is not valid JSON ({e}).") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise BadTextFileError(f"{p}:{lineno} has no string field 'text'.")
-            texts.append(obj["text"])
+            if obj["text"].strip():  # an empty sample has no tokens to measure: skip it
+                texts.append(obj["text"])
     else:
         texts = [blk.strip() for blk in raw.split("\n\n") if blk.strip()]
     if not texts:
-        raise BadTextFileError(f"{p} contains no text samples.")
+        # never a measurement over zero tokens ("measured 0.0 %"): exit 4, one sentence
+        raise BadTextFileError(f"{p} contains no text samples (every sample is empty); "
+                               "pass a file with text to measure.")
     return texts[:limit] if limit else texts
 
 

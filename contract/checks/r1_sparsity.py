@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from aios.errors import AiosError
+from aios.errors import AiosError, ExitCode
 from aios.measure.ffn import FfnActivity, measure_ffn_activity
 from aios.models import ModelHandle
 from contract.checks.base import CheckContext
@@ -12,6 +12,12 @@ from contract.result import Evidence, Metric, RequirementResult, Status
 
 ID, TITLE = "R1", "Exact-zero FFN activations"
 FREQ_BINS = 20  # equal-width bins of per-neuron firing frequency over [0, 1]
+
+
+class NoCalibrationTokensError(AiosError):
+    """The calibration texts tokenized to nothing: R1 cannot be evaluated (exit 3)."""
+
+    exit_code = ExitCode.NOT_EVALUATED
 
 
 def activation_is_relu_family(activation: str, threshold: float | None, family: list[str]) -> tuple[bool, str]:
@@ -60,10 +66,11 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
             summary="ReLU-family activation declared, but the zero fraction needs the weights.",
             reason="weights not on this machine", command=handle.fetch_hint(),
         )
-    try:
-        stats = activity(handle, ctx)
-    except AiosError:
-        raise
+    stats = activity(handle, ctx)
+    if stats.tokens == 0:  # a fraction of nothing is not a measurement
+        raise NoCalibrationTokensError(
+            f"The calibration set ({ctx.calibration_source}) gave no tokens after tokenization, so "
+            "R1 could not be measured; pass --calibration with text.")
     mean = stats.mean_zero_fraction
     metrics = [
         declared,

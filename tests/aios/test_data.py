@@ -52,3 +52,15 @@ def test_bad_text_files(tmp_path, content, msg):
 def test_missing_text_file(tmp_path):
     with pytest.raises(ModelNotFoundError):
         load_texts(tmp_path / "nope.jsonl")
+
+
+def test_empty_samples_are_skipped_and_an_all_empty_file_refused(tmp_path):
+    """Issue 19.5: zero calibration tokens must never become "measured 0.0 %"."""
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"text": ""}\n{"text": "real text"}\n{"text": "  "}\n', encoding="utf-8")
+    assert load_texts(mixed) == ["real text"]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n{"text": "\\n"}\n', encoding="utf-8")
+    with pytest.raises(BadTextFileError, match="every sample is empty") as e:
+        load_texts(empty)
+    assert e.value.exit_code == ExitCode.BAD_INPUT

@@ -75,3 +75,24 @@ def test_empty_model_is_a_usage_error_in_the_library():
     with pytest.raises(UsageError) as e:
         resolve_model("")
     assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_zero_calibration_tokens_is_not_a_measurement(tmp_path, monkeypatch):
+    """Issue 19.5: `{"text": ""}` is exit 4 with one sentence, never "measured 0.0 %" and exit 1."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n', encoding="utf-8")
+    res = run("tiny-falcon-relu", "--calibration", str(empty), "--require", "R1")
+    assert res.exit_code == 4, res.output
+    assert "error:" in res.output and "0.0" not in res.output and "Traceback" not in res.output
+    # texts that tokenize to nothing (a tokenizer that drops them) are exit 3 from R1 itself
+    import aios.measure.ffn as ffn
+
+    real = ffn.measure_ffn_activity
+
+    def no_tokens(handle, texts, **kw):
+        return real(handle, [], **kw)
+
+    monkeypatch.setattr("contract.checks.r1_sparsity.measure_ffn_activity", no_tokens)
+    res = run("tiny-falcon-relu", "--samples", "2", "--require", "R1")
+    assert res.exit_code == 3, res.output
+    assert "no tokens" in res.output and "Traceback" not in res.output
