@@ -43,7 +43,10 @@ TINY_CONFIGS: dict[str, dict] = {
                    query_pre_attn_scalar=32, max_position_embeddings=512),
     "gemma2": dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, intermediate_size=96,
-                   hidden_activation="gelu_pytorch_tanh", vocab_size=128),
+                   hidden_activation="gelu_pytorch_tanh", vocab_size=128, sliding_window=8,
+                   query_pre_attn_scalar=32, max_position_embeddings=512,
+                   # caps small enough to bend a tiny random model's scores and logits
+                   attn_logit_softcapping=0.5, final_logit_softcapping=0.2),
     "phi3": dict(model_type="phi3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, intermediate_size=96, hidden_act="silu", vocab_size=128,
                  pad_token_id=0),

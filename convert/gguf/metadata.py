@@ -79,6 +79,12 @@ def _final_logit_softcapping(w, handle: ModelHandle) -> None:
         w.add_final_logit_softcapping(float(cap))
 
 
+def _attn_logit_softcapping(w, handle: ModelHandle) -> None:
+    cap = handle.config.get(handle.arch.attn_softcap_key or "attn_logit_softcapping")
+    if cap:
+        w.add_attn_logit_softcapping(float(cap))
+
+
 def _attention_scale(w, handle: ModelHandle) -> None:
     """Only when q·k is not scaled by 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar); llama.cpp
     derives the scale from the model size instead, aios-run reads this key."""
@@ -96,6 +102,7 @@ HPARAM_WRITERS: dict[str, Callable[[Any, ModelHandle], None]] = {
     "tensor_data_layout": lambda w, h: w.add_tensor_data_layout("jploski"),  # Falcon QKV regrouped
     "sliding_window": _sliding_window,
     "rope_freq_base_swa": _rope_freq_base_swa,
+    "attn_logit_softcapping": _attn_logit_softcapping,
     "final_logit_softcapping": _final_logit_softcapping,
     "attention_scale": _attention_scale,
 }
