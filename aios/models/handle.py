@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from aios.errors import InvalidModelError, WeightsUnavailableError
+from aios.errors import AiosError, ExitCode, InvalidModelError, WeightsUnavailableError
 from aios.models.architectures import Architecture
 from aios.models.facts import ArchFacts
 from aios.models.hub import fetch_command
@@ -25,6 +25,38 @@ def mem_available() -> int:
     except OSError:
         pass
     return 8 << 30
+
+
+class IncompleteWeightsError(AiosError):
+    """transformers loaded the model but random-initialized (or could not size) some weights.
+
+    A measurement on such a model would be a measurement of noise (docs/design.md, "Pitfalls"):
+    it is never a result. Exit 3: the measurement could not be made on this file.
+    """
+
+    exit_code = ExitCode.NOT_EVALUATED
+
+    def __init__(self, message: str, keys: list[str]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+def _loading_problems(model, info: dict[str, Any]) -> list[str]:
+    """Parameters transformers did not load from the file (``output_loading_info``), minus
+    tied ones that share storage with a loaded parameter (e.g. an output head tied to the
+    embedding), plus any shape mismatches."""
+    missing = sorted(str(k) for k in info.get("missing_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, (tuple, list)) else k) for k in info.get("mismatched_keys") or ())
+    if missing:
+        params = dict(model.named_parameters(remove_duplicate=False))
+        loaded = {p.data_ptr() for n, p in params.items() if n not in set(missing)}
+        missing = [k for k in missing if k not in params or params[k].data_ptr() not in loaded]
+    return missing + mismatched
+
+
+def _summarize_keys(keys: list[str], shown: int = 3) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
 
 
 SourceKind = Literal["hf-folder", "gguf", "hub-cache", "alias"]
@@ -156,25 +188,37 @@ class ModelHandle:
                 key = self.arch.activation_keys[0]
                 if getattr(cfg, key, None) != self.facts.activation:
                     setattr(cfg, key, self.facts.activation)
-                model = AutoModelForCausalLM.from_pretrained(
-                    str(self.path.parent), gguf_file=self.path.name, config=cfg, **kwargs
+                model, info = AutoModelForCausalLM.from_pretrained(
+                    str(self.path.parent), gguf_file=self.path.name, config=cfg, output_loading_info=True,
+                    **kwargs
                 )
             elif self.path is not None and (self.path / "aios_alias.json").is_file():
                 from aios.models.alias_format import load_aliased_torch  # canonical + delta folder
 
-                model = load_aliased_torch(self, kwargs["dtype"])
+                model, info = load_aliased_torch(self, kwargs["dtype"]), {}
             else:
                 # pickles only with --allow-pickle (PickleStore); transformers then reads them
                 # with torch.load(weights_only=True) as well
                 pickled = type(self.store).__name__ == "PickleStore"
-                model = AutoModelForCausalLM.from_pretrained(
+                model, info = AutoModelForCausalLM.from_pretrained(
                     str(self.path), trust_remote_code=False, use_safetensors=not pickled, weights_only=True,
-                    **kwargs
+                    output_loading_info=True, **kwargs
                 )
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise InvalidModelError(
                 f"transformers could not load '{self.spec}': {str(e).splitlines()[0][:200]}"
             ) from e
+        problems = _loading_problems(model, info)
+        if problems:  # random-initialized weights: any measurement would be of noise
+            hint = (" (canonical + delta tensors; run the file with aios-run, or export a de-aliased "
+                    "GGUF with `aios-convert alias --dealias`)"
+                    if self.kind == "gguf" and any(n.endswith(".canonical") or ".delta" in n
+                                                   for n in (self.store.inventory if self.store else ()))
+                    else "")
+            raise IncompleteWeightsError(
+                f"transformers did not load {len(problems)} weight(s) of '{self.spec}' "
+                f"({_summarize_keys(problems)}) and would random-initialize them{hint}; "
+                "nothing was measured on this model.", problems)
         model.eval()
         return model
 

@@ -7,6 +7,7 @@ import time
 from aios.errors import AiosError, ExitCode
 from aios.measure.ffn import FfnActivity, measure_ffn_activity
 from aios.models import ModelHandle
+from aios.models.handle import IncompleteWeightsError
 from contract.checks.base import CheckContext
 from contract.result import Evidence, Metric, RequirementResult, Status
 
@@ -66,7 +67,16 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
             summary="ReLU-family activation declared, but the zero fraction needs the weights.",
             reason="weights not on this machine", command=handle.fetch_hint(),
         )
-    stats = activity(handle, ctx)
+    try:
+        stats = activity(handle, ctx)
+    except IncompleteWeightsError as e:  # transformers would run random weights: not a measurement
+        return RequirementResult(
+            **base, status=Status.not_measured, evidence=Evidence.declared, metrics=[declared],
+            summary=("The zero fraction was not measured: transformers cannot load every weight of "
+                     "this file, and a measurement on random-initialized weights would be noise."),
+            reason=e.message,
+            details={"not_loaded": e.keys[:50]},
+        )
     if stats.tokens == 0:  # a fraction of nothing is not a measurement
         raise NoCalibrationTokensError(
             f"The calibration set ({ctx.calibration_source}) gave no tokens after tokenization, so "
