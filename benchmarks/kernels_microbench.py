@@ -1,6 +1,7 @@
 """Throughput of each runtime kernel on matrices far larger than the cache, beside the stream probe.
 
-One GEMV per stored type (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q2_K) over ~0.5–1 GB of
+One GEMV per stored type (F32, F16, BF16 and every block type of runtime.kernels.BLOCK_TYPES,
+each read in place as the file's interleaved blocks) over ~0.5–1 GB of
 distinct matrices (5632 × 2048, the FFN shape of the runtime benchmark's model), plus the
 two sparse paths at 10 % of the rows: a gathered-row GEMV (the up projection of active
 neurons) and the row-contiguous sparse down projection. Reported as GB/s of stored bytes
@@ -9,8 +10,9 @@ measured in the same run (its ratio is the figure that travels between machines)
 
     python benchmarks/kernels_microbench.py [--gb 0.6] [--reps 3]
 
-Quantized matrices are real encodings (gguf-py for Q8_0/Q4_0, convert.kquants for the
-K-quants) of one random matrix, copied to fill the size.
+Quantized matrices are real encodings (gguf-py for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, convert.kquants
+for the K-quants; random valid blocks for IQ4_NL/IQ4_XS, which neither encodes) of one random
+matrix, copied to fill the size.
 """
 
 from __future__ import annotations
@@ -27,14 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from aios import quant  # noqa: E402
 from runtime import kernels as K  # noqa: E402
-from runtime.kernels_k import SUB_BLOCK, xsum  # noqa: E402
 
 N, D = 5632, 2048
-
-
-def _split(raw: np.ndarray, t: str) -> tuple[np.ndarray, np.ndarray]:
-    b = raw.reshape(N, D // quant.block_size(t), quant.type_size(t))
-    return np.ascontiguousarray(b[:, :, 2:]).reshape(N, -1), np.ascontiguousarray(b[:, :, :2]).view(np.uint16).reshape(N, -1)
 
 
 def main() -> None:
@@ -45,7 +41,7 @@ def main() -> None:
     from gguf import GGMLQuantizationType as G
     from gguf import quantize
 
-    from convert.kquants import quantize as kquantize
+    from convert import kquants
     from runtime_vs_llamacpp import stream_bandwidth
 
     rng = np.random.default_rng(0)
@@ -54,21 +50,25 @@ def main() -> None:
     everything = np.arange(N, dtype=np.int64)
     tenth = np.sort(rng.choice(N, N // 10, replace=False)).astype(np.int64)
     a = rng.standard_normal(N).astype(np.float32)
-    q8, d8 = _split(quantize(W, G.Q8_0), "q8_0")
-    q4, d4 = _split(quantize(W, G.Q4_0), "q4_0")
-    kq = {k: np.frombuffer(kquantize(W, k), np.uint8).reshape(N, -1).copy() for k in ("q4_k", "q6_k", "q2_k")}
+    blocks = {}
+    for k in K.BLOCK_TYPES:
+        if k in kquants.TYPES:
+            blocks[k] = np.ascontiguousarray(kquants.quantize(W, k)).reshape(N, -1)
+        elif k.startswith("iq4"):
+            rng_b = np.random.default_rng(1)
+            raw = rng_b.integers(0, 256, (N, D // quant.block_size(k), quant.type_size(k)), dtype=np.uint8)
+            raw[:, :, :2] = (rng_b.standard_normal((N, raw.shape[1], 1)) * 0.01).astype(np.float16).view(np.uint8)
+            blocks[k] = raw.reshape(N, -1)
+        else:
+            blocks[k] = np.ascontiguousarray(quantize(W, G[k.upper()])).reshape(N, -1)
+        assert blocks[k].shape[1] == quant.row_bytes(k, D)
     f16 = W.astype(np.float16).view(np.uint16)
     bf16 = (W.view(np.uint32) >> 16).astype(np.uint16)
-    x32, x16 = xsum(x, SUB_BLOCK["Q4_K"]), xsum(x, SUB_BLOCK["Q2_K"])
     cases = {  # name: (arrays copied to fill the size, call(arrays, Y), stored bytes read per call)
         "f32": ([W], lambda m, Y: K.mm_f32(m[0], x, everything, Y), W.nbytes),
         "f16": ([f16], lambda m, Y: K.mm_f16(m[0], x, everything, Y), f16.nbytes),
         "bf16": ([bf16], lambda m, Y: K.mm_bf16(m[0], x, everything, Y), bf16.nbytes),
-        "q8_0": ([q8.view(np.int8), d8], lambda m, Y: K.mm_q8_0(m[0], m[1], K.LUT_F16, x, everything, Y), q8.nbytes + d8.nbytes),
-        "q4_0": ([q4, d4], lambda m, Y: K.mm_q4_0(m[0], m[1], K.LUT_F16, x, everything, Y), q4.nbytes + d4.nbytes),
-        "q4_k": ([kq["q4_k"]], lambda m, Y: K.mm_q4_k(m[0], K.LUT_F16, x, x32, everything, Y), kq["q4_k"].nbytes),
-        "q6_k": ([kq["q6_k"]], lambda m, Y: K.mm_q6_k(m[0], K.LUT_F16, x, everything, Y), kq["q6_k"].nbytes),
-        "q2_k": ([kq["q2_k"]], lambda m, Y: K.mm_q2_k(m[0], K.LUT_F16, x, x16, everything, Y), kq["q2_k"].nbytes),
+        **{k: ([b], lambda m, Y, k=k: K.mm_block(k, m[0], x, everything, Y), b.nbytes) for k, b in blocks.items()},
         "f32_gather_10pct": ([W], lambda m, Y: K.mm_f32(m[0], x, tenth, Y), len(tenth) * D * 4),
         "f32_sparse_down_10pct": ([W], lambda m, Y: K.sparse_rows_f32(m[0], a, tenth, Y[0, :D]), len(tenth) * D * 4),
     }

@@ -242,113 +242,160 @@ def _axpy4(kind):
 axpy4_f32, axpy4_f16, axpy4_bf16 = _axpy4("f32"), _axpy4("f16"), _axpy4("bf16")
 
 
-# --- block formats: Q8_0 and Q4_0, one 32-value block as <32 x float> ------------------------
-# ggml's block_q8_0 {half d; int8 qs[QK]} and block_q4_0 {half d; uint8 qs[QK/2]}: the runtime
-# keeps the fp16 d apart (``Matrix.scales``), so a row's quants are the blocks minus 2 bytes each.
-Q_BYTES = {"q8_0": type_size("Q8_0") - 2, "q4_0": type_size("Q4_0") - 2}  # quant bytes per block
-assert QK == V32F.count  # one block decodes to one <32 x float>
+# --- 32-value block formats, read in place: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL -------------
+# A row is the file's bytes: nb interleaved ggml blocks, each an fp16 d (and Q4_1/Q5_1 an fp16
+# minimum m) before its quants, so nothing is copied at load. A block decodes to one
+# <32 x float> of quant values q; its contribution is d·Σ q·x (+ m·Σ x for the affine types).
+# Layouts as ggml-common.h / gguf-py's gguf.quants:
+#   block_q8_0 {half d; int8 qs[32]}                 value l = qs[l]
+#   block_q4_0 {half d; uint8 qs[16]}                value l < 16: qs[l] & 15, else qs[l-16] >> 4; − 8
+#   block_q4_1 {half d; half m; uint8 qs[16]}        as Q4_0 without the offset
+#   block_q5_0 {half d; uint32 qh; uint8 qs[16]}     Q4_0's nibble | bit l of qh << 4; − 16
+#   block_q5_1 {half d; half m; uint32 qh; uint8 qs[16]}  as Q5_0 without the offset
+#   block_iq4_nl {half d; uint8 qs[16]}              kvalues_iq4nl[Q4_0's nibble]
+B32 = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+B32_BYTES = {t: type_size(t) for t in B32}  # bytes per block (gguf-py's table)
+assert all(block_size(t) == QK for t in B32) and QK == V32F.count  # one block, one <32 x float>
+# where the quants start and whether a block has a minimum m (fp16 right after d)
+B32_QS = {"q8_0": 2, "q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8, "iq4_nl": 2}
+B32_AFFINE = {"q4_1", "q5_1"}
+assert B32_BYTES == {t: B32_QS[t] + (QK if t == "q8_0" else QK // 2) for t in B32}
+# ggml's non-linear 4-bit value table (ggml-common.h kvalues_iq4nl; gguf-py's IQ4_NL.kvalues)
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
-def _q8_0_block(b, q, blk):
-    off = b.mul(blk, _c(blk.type, Q_BYTES["q8_0"]))
-    return b.sitofp(_vload(b, q, off, ir.VectorType(I8, 32), 1), V32F)
-
-
-def _q4_0_block(b, q, blk):
-    packed = _vload(b, q, b.mul(blk, _c(blk.type, Q_BYTES["q4_0"])), ir.VectorType(I8, 16), 1)
+def _nibbles(b, p, off):
+    """<32 x i8>: the 16 bytes at p[off], low nibbles then high nibbles (values 0-15, 16-31)."""
+    packed = _vload(b, p, off, ir.VectorType(I8, 16), 1)
     lo = b.and_(packed, _c(packed.type, [15] * 16))
     hi = b.lshr(packed, _c(packed.type, [4] * 16))
-    both = b.shuffle_vector(lo, hi, _c(ir.VectorType(I32, 32), list(range(32))))  # elements 0-15, 16-31
-    return b.sitofp(b.sub(both, _c(both.type, [8] * 32)), V32F)
+    return b.shuffle_vector(lo, hi, _c(ir.VectorType(I32, 32), list(range(32))))
 
 
-_DECODERS = {"q8_0": _q8_0_block, "q4_0": _q4_0_block}
+def _lookup16(b, n):
+    """kvalues_iq4nl[n] for a <32 x i8> of nibbles: a select tree over the 16 constants, one
+    level per bit (generic vector selects, which every SIMD target lowers)."""
+    vals = [_c(V32I8, [v] * 32) for v in KVALUES_IQ4NL]
+    for bit in range(4):
+        m = b.icmp_unsigned("!=", b.and_(n, _c(V32I8, [1 << bit] * 32)), _c(V32I8, [0] * 32))
+        vals = [b.select(m, vals[2 * i + 1], vals[2 * i]) for i in range(len(vals) // 2)]
+    return vals[0]
 
 
-def _dot4_block_codegen(fmt):
-    decode = _DECODERS[fmt]
+def _qh_bits(b, p, off):
+    """<32 x i8>: bit l of the little-endian uint32 at p[off], shifted to bit 4 (Q5_0/Q5_1)."""
+    qh = b.load(b.bitcast(b.gep(p, [off]), I32.as_pointer()), align=1)
+    v = b.lshr(_splat(b, qh, 32), _c(ir.VectorType(I32, 32), list(range(32))))
+    v = b.and_(v, _c(ir.VectorType(I32, 32), [1] * 32))
+    return b.shl(b.trunc(v, V32I8), _c(V32I8, [4] * 32))
+
+
+def _b32_values(b, fmt, p, base):
+    """The block's 32 quant values as <32 x float> (before d and m)."""
+    qs = b.add(base, _c(base.type, B32_QS[fmt]))
+    if fmt == "q8_0":
+        return b.sitofp(_vload(b, p, qs, V32I8, 1), V32F)
+    n = _nibbles(b, p, qs)
+    if fmt == "iq4_nl":
+        return b.sitofp(_lookup16(b, n), V32F)
+    if fmt in ("q5_0", "q5_1"):
+        n = b.or_(n, _qh_bits(b, p, b.add(base, _c(base.type, B32_QS[fmt] - 4))))
+    if fmt in B32_AFFINE:
+        return b.uitofp(n, V32F)
+    return b.sitofp(b.sub(n, _c(V32I8, [16 if fmt == "q5_0" else 8] * 32)), V32F)
+
+
+def _dot4_b32_codegen(fmt):
+    nbytes = B32_BYTES[fmt]
+    affine = fmt in B32_AFFINE
+    chunk_blocks = 16  # blocks per loop step: one prefetch run per row, the rest unrolled
 
     def codegen(context, builder, sig, args):
-        # args: q0..q3, d0..d3 (fp16 bits per block), p0..p3 (quant rows to prefetch), x, nb
-        qs = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
-        ds = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
-        ps = [_data(context, builder, sig.args[2 * ROWS + j], args[2 * ROWS + j]) for j in range(ROWS)]
-        x = _data(context, builder, sig.args[3 * ROWS], args[3 * ROWS])
-        nb = args[3 * ROWS + 1]
+        # args: w0..w3, p0..p3 (uint8 rows of blocks), x, nb
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        x = _data(context, builder, sig.args[2 * ROWS], args[2 * ROWS])
+        nb = args[2 * ROWS + 1]
         ity = nb.type
-        c16 = _c(ity, 16)
-        row_bytes_per_block = Q_BYTES[fmt]
 
-        def step(blk, accs, scale_of):
+        def step(blk, accs):
+            base = builder.mul(blk, _c(ity, nbytes))
             xv = _vload(builder, x, builder.mul(blk, _c(ity, QK)), V32F, 4)
             for j in range(ROWS):
-                p = builder.fmul(decode(builder, qs[j], blk), xv, flags=FAST)
-                accs = _accumulate(builder, accs, j, builder.fmul(p, scale_of(j), flags=FAST))
+                d = _splat(builder, _f16_at(builder, ws[j], base), 32)
+                t = builder.fmul(builder.fmul(_b32_values(builder, fmt, ws[j], base), xv, flags=FAST), d,
+                                 flags=FAST)
+                if affine:
+                    m = _splat(builder, _f16_at(builder, ws[j], builder.add(base, _c(ity, 2))), 32)
+                    t = builder.fadd(t, builder.fmul(m, xv, flags=FAST), flags=FAST)
+                accs = _accumulate(builder, accs, j, t)
             return accs
 
-        # 16 blocks at a time: their 16 fp16 scales per row convert in one vector instruction
         def chunk(c, accs):
-            b0 = builder.mul(c, c16)
-            for j in range(ROWS):  # the chunk's quants: 512 (Q8_0) or 256 (Q4_0) bytes
-                _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, row_bytes_per_block)), row_bytes_per_block // 4)
-            sv = [builder.fpext(builder.bitcast(_vload(builder, ds[j], b0, ir.VectorType(I16, 16), 2),
-                                                ir.VectorType(HALF, 16)), ir.VectorType(F32, 16))
-                  for j in range(ROWS)]
-            for u in range(16):
-                accs = step(builder.add(b0, _c(ity, u)), accs, lambda j, u=u: _splat_lane(builder, sv[j], u, 32))
+            b0 = builder.mul(c, _c(ity, chunk_blocks))
+            for j in range(ROWS):
+                _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64)
+            for u in range(chunk_blocks):
+                accs = step(builder.add(b0, _c(ity, u)), accs)
             return accs
 
-        nchunk = builder.sdiv(nb, c16)
+        nchunk = builder.sdiv(nb, _c(ity, chunk_blocks))
         accs = _loop(builder, nchunk, _zeros_struct(ROWS), chunk)
-
-        def tail(blk, accs):  # the last nb % 16 blocks, scales one by one
-            def scale(j):
-                s = builder.bitcast(builder.load(builder.gep(ds[j], [blk])), HALF)
-                return _splat(builder, builder.fpext(s, F32), 32)
-            return step(blk, accs, scale)
-
-        accs = _loop(builder, nb, accs, tail, start=builder.mul(nchunk, c16))
-        return context.make_tuple(builder, sig.return_type, [_hsum(builder, builder.extract_value(accs, j)) for j in range(ROWS)])
+        accs = _loop(builder, nb, accs, step, start=builder.mul(nchunk, _c(ity, chunk_blocks)))
+        return context.make_tuple(builder, sig.return_type,
+                                  [_hsum(builder, builder.extract_value(accs, j)) for j in range(ROWS)])
 
     return codegen
 
 
-def _dot4_block(fmt):
-    gen = _dot4_block_codegen(fmt)
+def _dot4_b32(fmt):
+    gen = _dot4_b32_codegen(fmt)
 
-    def typer(typingctx, q0, q1, q2, q3, d0, d1, d2, d3, p0, p1, p2, p3, x, nb):
-        sig = types.UniTuple(types.float32, ROWS)(q0, q1, q2, q3, d0, d1, d2, d3, p0, p1, p2, p3, x, nb)
-        return sig, gen
+    def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, x, nb):
+        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, x, nb), gen
 
     typer.__name__ = f"dot4_{fmt}"
     return intrinsic(typer)
 
 
-dot4_q8_0 = _dot4_block("q8_0")
-dot4_q8_0.__doc__ = "Four Q8_0 rows (int8 quants, fp16 scale bits) · x over nb blocks; p0..p3 prefetched."
-dot4_q4_0 = _dot4_block("q4_0")
-dot4_q4_0.__doc__ = "Four Q4_0 rows (packed nibbles as in GGUF, fp16 scale bits) · x over nb blocks."
+# four rows of 32-value blocks (the file's bytes) · x over nb blocks; rows p0..p3 prefetched
+dot4_q8_0, dot4_q4_0, dot4_q4_1 = _dot4_b32("q8_0"), _dot4_b32("q4_0"), _dot4_b32("q4_1")
+dot4_q5_0, dot4_q5_1, dot4_iq4_nl = _dot4_b32("q5_0"), _dot4_b32("q5_1"), _dot4_b32("iq4_nl")
 
 
-# --- K-quants: 256-value super-blocks (Q2_K 84 B, Q4_K 144 B, Q6_K 210 B per block) ----------
-# Layouts as ggml's block_q2_K / block_q4_K / block_q6_K. Per super-block and row: the
-# sub-block scales are unpacked with scalar integer ops, the quants 32 at a time as vectors.
-# Affine types (Q2_K, Q4_K) add −dmin·m·Σx per sub-block from ``xs`` (Σx per sub-block,
-# computed once per call and shared by every row).
-KQ_BYTES = {t: type_size(t) for t in ("q2_k", "q4_k", "q6_k")}  # bytes per super-block
+# --- K-quants: 256-value super-blocks (Q2_K 84 B, Q3_K 110 B, Q4_K 144 B, Q5_K 176 B, Q6_K 210 B,
+# IQ4_XS 136 B per block) ----------------------------------------------------------------------
+# Layouts as ggml's block_q2_K ... block_iq4_xs. Per super-block and row: the sub-block scales
+# are unpacked with scalar integer ops, the quants 32 at a time as vectors. Affine types (Q2_K,
+# Q4_K, Q5_K) add −dmin·m·Σx per sub-block from ``xs`` (Σx per sub-block, computed once per
+# call and shared by every row).
+KQ_TYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
+KQ_BYTES = {t: type_size(t) for t in KQ_TYPES}  # bytes per super-block
+assert all(block_size(t) == QK_K for t in KQ_TYPES)
 # Byte offsets inside one super-block: layout facts of ggml's structs (ggml-common.h),
 #   block_q4_K {half d; half dmin; uint8 scales[12]; uint8 qs[QK_K/2]}
+#   block_q5_K {half d; half dmin; uint8 scales[12]; uint8 qh[QK_K/8]; uint8 qs[QK_K/2]}
 #   block_q6_K {uint8 ql[QK_K/2]; uint8 qh[QK_K/4]; int8 scales[QK_K/16]; half d}
 #   block_q2_K {uint8 scales[QK_K/16]; uint8 qs[QK_K/4]; half d; half dmin}
+#   block_q3_K {uint8 hmask[QK_K/8]; uint8 qs[QK_K/4]; uint8 scales[12]; half d}
+#   block_iq4_xs {half d; uint16 scales_h; uint8 scales_l[QK_K/64]; uint8 qs[QK_K/2]}
 Q4K_SCALES = 4
 Q4K_QS = Q4K_SCALES + 12
+Q5K_QH = Q4K_QS
+Q5K_QS = Q5K_QH + QK_K // 8
 Q6K_QH = QK_K // 2
 Q6K_SCALES = Q6K_QH + QK_K // 4
 Q6K_D = Q6K_SCALES + QK_K // 16
 Q2K_QS = QK_K // 16
 Q2K_D = Q2K_QS + QK_K // 4
+Q3K_QS = QK_K // 8
+Q3K_SCALES = Q3K_QS + QK_K // 4
+Q3K_D = Q3K_SCALES + 12
+IQ4XS_SL = 4
+IQ4XS_QS = IQ4XS_SL + QK_K // 64
 # the layouts above and gguf-py's table agree on each type's bytes per super-block
-assert KQ_BYTES == {"q4_k": Q4K_QS + QK_K // 2, "q6_k": Q6K_D + 2, "q2_k": Q2K_D + 4}
+assert KQ_BYTES == {"q4_k": Q4K_QS + QK_K // 2, "q6_k": Q6K_D + 2, "q2_k": Q2K_D + 4, "q5_k": Q5K_QS + QK_K // 2,
+                    "q3_k": Q3K_D + 2, "iq4_xs": IQ4XS_QS + QK_K // 2}
 V32I8 = ir.VectorType(I8, 32)
 
 
@@ -374,8 +421,9 @@ def _bits(b, v, shift, mask):  # (v >> shift) & mask on <32 x i8>, logical shift
     return b.and_(v, _c(V32I8, [mask] * 32)) if mask is not None else v
 
 
-def _q4_k_row(b, p, base, xv, xs):
-    """(Σ_j d·sc_j·Σ q·x as <16 x float>, Σ_j dmin·m_j·Σx_j) for one Q4_K super-block of a row."""
+def _q4_k_row(b, p, base, xv, xs, q5=False):
+    """(Σ_j d·sc_j·Σ q·x as <16 x float>, Σ_j dmin·m_j·Σx_j) for one Q4_K super-block of a row
+    (``q5``: a Q5_K one, whose value j·32 + l adds bit j of qh[l] as its fifth bit)."""
     d, dmin = _f16_at(b, p, base), _f16_at(b, p, b.add(base, _c(base.type, 2)))
     s = [_u8(b, p, b.add(base, _c(base.type, Q4K_SCALES + i))) for i in range(12)]
     c = lambda v: _c(I32, v)  # noqa: E731
@@ -390,10 +438,13 @@ def _q4_k_row(b, p, base, xv, xs):
     acc = None
     lo16, hi16 = _c(ir.VectorType(I32, 16), list(range(16))), _c(ir.VectorType(I32, 16), list(range(16, 32)))
     undef = ir.Constant(V32F, ir.Undefined)
+    H = _vload(b, p, b.add(base, _c(base.type, Q5K_QH)), V32I8, 1) if q5 else None
     for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
-        q = _vload(b, p, b.add(base, _c(base.type, Q4K_QS + 32 * jj)), V32I8, 1)
+        q = _vload(b, p, b.add(base, _c(base.type, (Q5K_QS if q5 else Q4K_QS) + 32 * jj)), V32I8, 1)
         for half, qv in ((0, _bits(b, q, 0, 15)), (1, _bits(b, q, 4, None))):
             j = 2 * jj + half
+            if q5:
+                qv = b.or_(qv, b.shl(_bits(b, H, j, 1), _c(V32I8, [4] * 32)))
             # fold the sub-block's 32 products to 16 lanes first (a multiply and a fused
             # multiply-add), then one fused multiply-add by its scale: 3 vector ops, not 4
             pr = b.fmul(b.uitofp(qv, V32F), xv[j], flags=FAST)
@@ -448,7 +499,54 @@ def _q2_k_row(b, p, base, xv, xs):
     return acc, mins
 
 
-_KQ_ROW = {"q2_k": (_q2_k_row, 16), "q4_k": (_q4_k_row, 8), "q6_k": (_q6_k_row, 0)}  # row fn, xs per block
+def _q5_k_row(b, p, base, xv, xs):
+    return _q4_k_row(b, p, base, xv, xs, q5=True)
+
+
+def _q3_k_row(b, p, base, xv, xs):
+    """Q3_K super-block: hmask[32], qs[64] (2 low bits), scales[12] (16 signed 6-bit), fp16 d."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    d = _f16_at(b, p, off(Q3K_D))
+    s = [_u8(b, p, off(Q3K_SCALES + i)) for i in range(12)]
+    dl = []
+    for k in range(16):  # low 4 bits from bytes 0-7, high 2 bits from bytes 8-11 (gguf-py's Q3_K)
+        lo = b.and_(b.lshr(s[k % 8], _c(I32, 4 * (k // 8))), _c(I32, 15))
+        hi = b.and_(b.lshr(s[8 + k % 4], _c(I32, 2 * (k // 4))), _c(I32, 3))
+        sc = b.sub(b.or_(lo, b.shl(hi, _c(I32, 4))), _c(I32, 32))
+        dl.append(b.fmul(d, b.sitofp(sc, F32), flags=FAST))
+    H = _vload(b, p, off(0), V32I8, 1)
+    acc = None
+    for n in range(2):
+        Q = _vload(b, p, off(Q3K_QS + 32 * n), V32I8, 1)
+        for j in range(4):  # values 128n + 32j + l: bits 2j of qs[32n + l], bit 4n + j of hmask[l]
+            hb = b.shl(_bits(b, H, 4 * n + j, 1), _c(V32I8, [2] * 32))  # 4 when set, else the −4 offset
+            q = b.sub(b.or_(_bits(b, Q, 2 * j, 3), hb), _c(V32I8, [4] * 32))
+            k = 8 * n + 2 * j
+            t = b.fmul(b.fmul(b.sitofp(q, V32F), xv[4 * n + j], flags=FAST), _halves(b, dl[k], dl[k + 1]),
+                       flags=FAST)
+            acc = t if acc is None else b.fadd(acc, t, flags=FAST)
+    return acc, None
+
+
+def _iq4_xs_row(b, p, base, xv, xs):
+    """IQ4_XS super-block: fp16 d, scales_h (2 bits × 8), scales_l (4 bits × 8), qs[128] whose
+    nibbles index kvalues_iq4nl; sub-block j: 16 bytes, low nibbles then high ones."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    d = _f16_at(b, p, off(0))
+    sh = b.or_(_u8(b, p, off(2)), b.shl(_u8(b, p, off(3)), _c(I32, 8)))
+    acc = None
+    for j in range(8):
+        lo = b.and_(b.lshr(_u8(b, p, off(IQ4XS_SL + j // 2)), _c(I32, 4 * (j % 2))), _c(I32, 15))
+        hi = b.and_(b.lshr(sh, _c(I32, 2 * j)), _c(I32, 3))
+        sc = b.fmul(d, b.sitofp(b.sub(b.or_(lo, b.shl(hi, _c(I32, 4))), _c(I32, 32)), F32), flags=FAST)
+        q = b.sitofp(_lookup16(b, _nibbles(b, p, off(IQ4XS_QS + 16 * j))), V32F)
+        t = b.fmul(b.fmul(q, xv[j], flags=FAST), _splat(b, sc, 32), flags=FAST)
+        acc = t if acc is None else b.fadd(acc, t, flags=FAST)
+    return acc, None
+
+
+_KQ_ROW = {"q2_k": (_q2_k_row, 16), "q3_k": (_q3_k_row, 0), "q4_k": (_q4_k_row, 8), "q5_k": (_q5_k_row, 8),
+           "q6_k": (_q6_k_row, 0), "iq4_xs": (_iq4_xs_row, 0)}  # row fn, Σx per super-block
 
 
 def _dot4_kq_codegen(fmt):
@@ -463,7 +561,7 @@ def _dot4_kq_codegen(fmt):
         xsum = _data(context, builder, sig.args[2 * ROWS + 1], args[2 * ROWS + 1])
         nsb = args[2 * ROWS + 2]
         ity = nsb.type
-        VT = ir.VectorType(F32, 16 if fmt == "q4_k" else 32)  # the row function's accumulator width
+        VT = ir.VectorType(F32, 16 if fmt in ("q4_k", "q5_k") else 32)  # the row function's accumulator width
         ST = ir.LiteralStructType([VT] * ROWS + [F32] * ROWS)
         init = ir.Constant(ST, [_c(VT, [0.0] * VT.count)] * ROWS + [_c(F32, 0.0)] * ROWS)
 
@@ -501,7 +599,8 @@ def _dot4_kq(fmt):
 
 
 # four K-quant rows (raw GGUF super-block bytes) · x over nsb super-blocks; p0..p3 prefetched
-dot4_q2_k, dot4_q4_k, dot4_q6_k = _dot4_kq("q2_k"), _dot4_kq("q4_k"), _dot4_kq("q6_k")
+dot4_q2_k, dot4_q3_k, dot4_q4_k = _dot4_kq("q2_k"), _dot4_kq("q3_k"), _dot4_kq("q4_k")
+dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq("iq4_xs")
 
 
 # === kernels ====================================================================================
@@ -594,34 +693,33 @@ def _mm_lut_rows(W, lut, X, rows, Y):  # W uint16 bits decoded through a 65536-e
             Y[t, i] = acc
 
 
-# --- block formats: Q8_0, Q4_0 and the K-quants (``lut`` is unused, kept for the callers) ------
-Q8_0_ROWS, Q4_0_ROWS = 0, 1
-Q2_K_ROWS, Q4_K_ROWS, Q6_K_ROWS = 0, 1, 2
+# --- block formats: W is uint8 (n, bytes per row), each row the file's blocks as stored ------------
+B32_KIND = {fmt: i for i, fmt in enumerate(B32)}  # the run-time ``kind`` of _mm_b32
+KQ_KIND = {fmt: i for i, fmt in enumerate(KQ_TYPES)}  # the run-time ``kind`` of _mm_kq
+KQ_XSUM = {"q2_k": QK_K // 16, "q4_k": QK_K // 8, "q5_k": QK_K // 8}  # values per Σx (affine types)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _mm_block(qs, d, X, rows, Y, kind):  # qs quants (n, ·) int8/uint8; d (n, k/QK) fp16 bits
+def _mm_b32(W, X, rows, Y, kind):  # W (n, k/32 · block bytes) uint8
     T, k = X.shape
     nb = k // QK
     for g in prange((rows.shape[0] + 3) // 4):
         i0, i1, i2, i3 = _group(rows, g)
         n0, n1, n2, n3 = _group(rows, g + 1)
         for t in range(T):
-            if kind == Q8_0_ROWS:
-                y = dot4_q8_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
-                              qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+            if kind == 0:
+                y = dot4_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
+            elif kind == 1:
+                y = dot4_q4_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
+            elif kind == 2:
+                y = dot4_q4_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
+            elif kind == 3:
+                y = dot4_q5_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
+            elif kind == 4:
+                y = dot4_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
             else:
-                y = dot4_q4_0(qs[i0], qs[i1], qs[i2], qs[i3], d[i0], d[i1], d[i2], d[i3],
-                              qs[n0], qs[n1], qs[n2], qs[n3], X[t], nb)
+                y = dot4_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
             _store4(Y, t, rows, g, y)
-
-
-def mm_q8_0(qs, d, lut, X, rows, Y):  # qs (n, k) int8; d (n, k/32) fp16 bits (uint16)
-    _mm_block(qs, d, X, rows, Y, Q8_0_ROWS)
-
-
-def mm_q4_0(qs, d, lut, X, rows, Y):  # qs (n, k/2) uint8 packed as in GGUF; d (n, k/32) fp16 bits
-    _mm_block(qs, d, X, rows, Y, Q4_0_ROWS)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -632,25 +730,36 @@ def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; xs �
         i0, i1, i2, i3 = _group(rows, g)
         n0, n1, n2, n3 = _group(rows, g + 1)
         for t in range(T):
-            if kind == Q4_K_ROWS:
+            if kind == 0:
+                y = dot4_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
+            elif kind == 1:
+                y = dot4_q3_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
+            elif kind == 2:
                 y = dot4_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
-            elif kind == Q6_K_ROWS:
+            elif kind == 3:
+                y = dot4_q5_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
+            elif kind == 4:
                 y = dot4_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
             else:
-                y = dot4_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
+                y = dot4_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
             _store4(Y, t, rows, g, y)
 
 
-def mm_q4_k(W, lut, X, xs, rows, Y):  # W (n, k/256·144) uint8; xs (T, k/32) f32
-    _mm_kq(W, X, xs, rows, Y, Q4_K_ROWS)
+def xsum(X, sub):
+    """(T, k) -> (T, k/sub) sums of each sub-block of the input."""
+    return X.reshape(X.shape[0], -1, sub).sum(axis=2, dtype=np.float32)
 
 
-def mm_q2_k(W, lut, X, xs, rows, Y):  # W (n, k/256·84) uint8; xs (T, k/16) f32
-    _mm_kq(W, X, xs, rows, Y, Q2_K_ROWS)
+def mm_block(fmt, W, X, rows, Y):
+    """Y[:, rows] = X @ W[rows]ᵀ for a block type ``fmt`` (our lower-case name: "q8_0", "q4_k",
+    ...); W (n, bytes per row) uint8 holds each row's blocks exactly as the file stores them."""
+    if fmt in B32_KIND:
+        _mm_b32(W, X, rows, Y, B32_KIND[fmt])
+    else:  # types without a minimum get X in place of the (unused) sums
+        _mm_kq(W, X, xsum(X, KQ_XSUM[fmt]) if fmt in KQ_XSUM else X, rows, Y, KQ_KIND[fmt])
 
 
-def mm_q6_k(W, lut, X, rows, Y):  # W (n, k/256·210) uint8 (no minimum term: X stands in for xs)
-    _mm_kq(W, X, X, rows, Y, Q6_K_ROWS)
+BLOCK_TYPES = B32 + KQ_TYPES  # every type mm_block runs
 
 
 # --- sparse down projection: y = Σ_{j∈active} a[j]·Wt[j, :] over row-contiguous Wᵀ -------------

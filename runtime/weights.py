@@ -10,7 +10,6 @@ import numpy as np
 from aios import quant
 from aios.errors import InvalidModelError
 from runtime import kernels as K
-from runtime import kernels_k as KK
 
 
 class Linear(Protocol):
@@ -42,16 +41,12 @@ class Matrix:
     kind: str  # one of SUPPORTED_TYPES (a key of KERNELS)
     n_out: int
     n_in: int
-    data: np.ndarray  # F32: float32 (n, k); F16/BF16: uint16 (n, k); Q*_0: int8/uint8 quants; Q*_K: raw block bytes
-    scales: np.ndarray | None = None  # Q8_0/Q4_0: fp16 bits as uint16 (n, k/32), decoded in the kernel
+    data: np.ndarray  # F32: float32 (n, k); F16/BF16: uint16 (n, k); block types: uint8 (n, bytes per row)
 
     @property
     def row_bytes(self) -> int:
-        """Bytes the kernel reads per row: quants + fp16 scales, exactly the file's bytes."""
-        b = self.data.shape[1] * self.data.itemsize
-        if self.scales is not None:
-            b += self.scales.shape[1] * self.scales.itemsize
-        return b
+        """Bytes the kernel reads per row: exactly the file's bytes (block types: scales included)."""
+        return self.data.shape[1] * self.data.itemsize
 
     @property
     def nbytes(self) -> int:
@@ -109,84 +104,61 @@ class TransposedMatrix:
 # What the runtime runs, one entry per GGUF tensor type: a type is supported exactly when it has
 # an entry, so adding a type is adding a row here (and its kernel), not editing every method.
 
-Layout = Literal["elements", "split", "blocks"]
-Loaded = tuple[np.ndarray, np.ndarray | None]  # (Matrix.data, Matrix.scales)
+Layout = Literal["elements", "blocks"]
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """How the runtime stores, multiplies and decodes one GGUF tensor type.
 
-    ``layout`` says how ``from_gguf_tensor`` arranges the file's bytes: "elements" keeps one
-    value per element (F32 as float32, F16/BF16 as uint16 bits); "split" separates each
-    block's fp16 scale from its quants (Q8_0/Q4_0: ``Matrix.scales``, so the kernel reads
-    16 scales as one vector); "blocks" keeps whole K-quant super-blocks per row, decoded in
-    the kernel. Either way a row holds exactly the file's bytes, which the byte counter reports.
+    ``layout`` says how ``from_gguf_tensor`` views the file's bytes, never copying them:
+    "elements" keeps one value per element (F32 as float32, F16/BF16 as uint16 bits);
+    "blocks" keeps each row's ggml blocks exactly as stored (uint8, fp16 scales interleaved
+    with the quants), decoded in the kernel. Either way a row holds exactly the file's bytes,
+    which the byte counter reports, and the matrix is a view of the mmap'd file.
     """
 
     layout: Layout
-    load: Callable[[str, np.ndarray, int, int], Loaded]  # (kind, raw, n_out, n_in)
+    load: Callable[[str, np.ndarray, int, int], np.ndarray]  # (kind, raw, n_out, n_in) -> Matrix.data
     matmul: Callable[[Matrix, np.ndarray, np.ndarray, np.ndarray], None]  # (m, X, rows, Y)
     dense: Callable[[Matrix], np.ndarray]  # the float32 (n_out, n_in) values
     rows: Callable[[Matrix, np.ndarray], np.ndarray]  # float32 values of selected rows (embeddings)
     sparse: Callable[..., None] | None = None  # sparse_rows_* over Wᵀ (float element types only)
 
 
-def _load_f32(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
-    return raw.reshape(n_out, n_in), None
+def _load_f32(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    return raw.reshape(n_out, n_in)
 
 
-def _load_u16(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
-    return raw.view(np.uint16).reshape(n_out, n_in), None
+def _load_u16(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    return raw.view(np.uint16).reshape(n_out, n_in)
 
 
-def _load_blocks(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
-    # row bytes = the stored bytes per row, scales included
-    return raw.view(np.uint8).reshape(n_out, quant.row_bytes(kind, n_in)), None
+def _load_blocks(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    # a view: row bytes = the stored bytes per row, scales included
+    return raw.view(np.uint8).reshape(n_out, quant.row_bytes(kind, n_in))
 
 
-def _load_split(quants: type[np.integer]) -> Callable[[str, np.ndarray, int, int], Loaded]:
-    """Loader for ggml's {half d; quants} blocks: fp16 scale bits and ``quants``-typed quants."""
-
-    def load(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> Loaded:
-        nb = n_in // quant.block_size(kind)
-        blocks = raw.reshape(n_out, nb, quant.type_size(kind))
-        scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16).reshape(n_out, nb)
-        qs = np.ascontiguousarray(blocks[:, :, 2:]).reshape(n_out, -1).view(quants)
-        return qs, scales
-
-    return load
-
-
-def _rows_split(m: Matrix, rows: np.ndarray) -> np.ndarray:
-    """Q8_0/Q4_0 rows decoded with numpy: quants times their block's fp16 scale (Q4_0: low
-    nibbles are a block's first half, high nibbles its second, both offset by 8)."""
-    qs, d = m.data[rows], K.LUT_F16[m.scales[rows]]  # type: ignore[index]
-    n, block = len(rows), quant.block_size(m.kind)
-    nb = m.n_in // block
-    if m.kind == "Q8_0":
-        vals = qs.reshape(n, nb, block).astype(np.float32)
-    else:
-        q = qs.reshape(n, nb, block // 2)
-        vals = np.concatenate([(q & 15).astype(np.float32) - 8, (q >> 4).astype(np.float32) - 8], axis=2)
-    out = np.zeros((n, m.n_in), np.float32)
-    out[:] = (vals * d[:, :, None]).reshape(n, -1)
-    return out
-
-
-def _rows_kquant(m: Matrix, rows: np.ndarray) -> np.ndarray:
+def _rows_blocks(m: Matrix, rows: np.ndarray) -> np.ndarray:
+    """Selected rows decoded by gguf-py's dequantizer (the reference decoder of every type)."""
     from gguf import dequantize
 
-    return dequantize(m.data[rows], quant.qtype(m.kind)).astype(np.float32)
+    return dequantize(m.data[rows], quant.qtype(m.kind)).astype(np.float32).reshape(len(rows), m.n_in)
 
 
-def _dense_by_matmul(m: Matrix) -> np.ndarray:
-    eye = np.eye(m.n_in, dtype=np.float32)
-    return m.matmul(eye).T.copy()
-
-
-def _dense_kquant(m: Matrix) -> np.ndarray:
+def _dense_blocks(m: Matrix) -> np.ndarray:
     return m.rows_f32(np.arange(m.n_out))
+
+
+def _blocks(kind: str) -> KernelSpec:
+    """The entry of a block type: rows of the file's blocks, multiplied by ``K.mm_block``."""
+    fmt = kind.lower()
+    assert fmt in K.BLOCK_TYPES, kind
+
+    def matmul(m: Matrix, X: np.ndarray, r: np.ndarray, Y: np.ndarray) -> None:
+        K.mm_block(fmt, m.data, X, r, Y)
+
+    return KernelSpec("blocks", _load_blocks, matmul, _dense_blocks, _rows_blocks)
 
 
 KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPPORTED_TYPES
@@ -198,39 +170,24 @@ KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPP
     "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_bf16(m.data, X, r, Y),
                        lambda m: K.LUT_BF16[m.data], lambda m, r: K.LUT_BF16[m.data[r]],
                        K.sparse_rows_bf16),
-    "Q8_0": KernelSpec("split", _load_split(np.int8),
-                       lambda m, X, r, Y: K.mm_q8_0(m.data, m.scales, K.LUT_F16, X, r, Y),
-                       _dense_by_matmul, _rows_split),
-    "Q4_0": KernelSpec("split", _load_split(np.uint8),
-                       lambda m, X, r, Y: K.mm_q4_0(m.data, m.scales, K.LUT_F16, X, r, Y),
-                       _dense_by_matmul, _rows_split),
-    "Q2_K": KernelSpec("blocks", _load_blocks,
-                       lambda m, X, r, Y: KK.mm_q2_k(m.data, K.LUT_F16, X,
-                                                     KK.xsum(X, KK.SUB_BLOCK["Q2_K"]), r, Y),
-                       _dense_kquant, _rows_kquant),
-    "Q4_K": KernelSpec("blocks", _load_blocks,
-                       lambda m, X, r, Y: KK.mm_q4_k(m.data, K.LUT_F16, X,
-                                                     KK.xsum(X, KK.SUB_BLOCK["Q4_K"]), r, Y),
-                       _dense_kquant, _rows_kquant),
-    "Q6_K": KernelSpec("blocks", _load_blocks,
-                       lambda m, X, r, Y: KK.mm_q6_k(m.data, K.LUT_F16, X, r, Y), _dense_kquant,
-                       _rows_kquant),
+    **{k: _blocks(k) for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
+                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")},
 }
 SUPPORTED_TYPES = tuple(KERNELS)
-# stored as raw GGUF block rows, decoded in the kernel
-KQUANT_TYPES = tuple(k for k, s in KERNELS.items() if s.layout == "blocks")
+# stored as the file's block rows, decoded in the kernel
+BLOCK_TYPES = tuple(k for k, s in KERNELS.items() if s.layout == "blocks")
+KQUANT_TYPES = tuple(k for k in BLOCK_TYPES if quant.block_size(k) == quant.QK_K)  # 256-value super-blocks
 
 
 def from_gguf_tensor(t) -> Matrix:
-    """A Matrix over a ``gguf.ReaderTensor`` (mmap views where the layout allows)."""
+    """A Matrix over a ``gguf.ReaderTensor``: a view of the reader's mmap, nothing copied."""
     kind = t.tensor_type.name
     if kind not in KERNELS:
         raise InvalidModelError(
             f"Tensor '{t.name}' has type {kind}; the runtime supports {', '.join(SUPPORTED_TYPES)}."
         )
     n_in, n_out = (int(x) for x in t.shape[:2]) if len(t.shape) >= 2 else (int(t.shape[0]), 1)
-    data, scales = KERNELS[kind].load(kind, np.asarray(t.data), n_out, n_in)
-    return Matrix(t.name, kind, n_out, n_in, data, scales)
+    return Matrix(t.name, kind, n_out, n_in, KERNELS[kind].load(kind, np.asarray(t.data), n_out, n_in))
 
 
 def vector(t) -> np.ndarray:

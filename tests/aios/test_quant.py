@@ -16,7 +16,7 @@ from aios import quant
 from convert import kquants
 from convert.gguf import tensors as gt
 from runtime import kernels, kernels_k
-from runtime.weights import KERNELS, KQUANT_TYPES, SUPPORTED_TYPES, from_gguf_tensor, transpose
+from runtime.weights import BLOCK_TYPES, KERNELS, KQUANT_TYPES, SUPPORTED_TYPES, from_gguf_tensor, transpose
 
 
 @pytest.mark.parametrize("outtype", gt.OUTTYPES)
@@ -55,9 +55,12 @@ def test_sizes_come_from_gguf_py():
 def test_module_constants_agree_with_the_table():
     assert kernels.QK == quant.block_size("Q8_0") == quant.block_size("Q4_0")
     assert kernels_k.QK_K == kquants.QK_K == quant.QK_K
-    for t in ("Q2_K", "Q4_K", "Q6_K"):
+    for t in kernels_k.TYPES:
         size = GGML_QUANT_SIZES[quant.qtype(t)][1]
         assert kernels_k.BLOCK_BYTES[t] == kernels.KQ_BYTES[t.lower()] == size
+    for t in kernels.B32:
+        assert kernels.B32_BYTES[t] == GGML_QUANT_SIZES[quant.qtype(t)][1]
+    assert kernels.KVALUES_IQ4NL == gguf.quants.IQ4_NL.kvalues
     for t in kquants.TYPES:
         assert kquants.BLOCK_BYTES[t] == GGML_QUANT_SIZES[quant.qtype(t)][1]
         assert kquants.row_bytes(512, t) == quant.row_bytes(t, 512)
@@ -68,13 +71,16 @@ def test_module_constants_agree_with_the_table():
 
 
 def test_registry_is_the_supported_types():
-    assert SUPPORTED_TYPES == ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q2_K", "Q4_K", "Q6_K")
-    assert KQUANT_TYPES == ("Q2_K", "Q4_K", "Q6_K")
+    assert SUPPORTED_TYPES == ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
+                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+    assert KQUANT_TYPES == ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+    assert BLOCK_TYPES == SUPPORTED_TYPES[3:]
+    assert {k.lower() for k in BLOCK_TYPES} == set(kernels.BLOCK_TYPES)
     assert set(SUPPORTED_TYPES) == set(KERNELS)
     for kind, spec in KERNELS.items():
         assert quant.qtype(kind).name == kind  # keyed by gguf-py's own names
         assert quant.qtype(kind) in GGML_QUANT_SIZES
-        assert (spec.layout == "blocks") == (quant.block_size(kind) == quant.QK_K)
+        assert (spec.layout == "blocks") == (quant.block_size(kind) > 1)
         assert (spec.sparse is not None) == (spec.layout == "elements")
     assert set(kernels_k.BLOCK_BYTES) == set(KQUANT_TYPES)
 
@@ -87,8 +93,12 @@ def _encode(W: np.ndarray, kind: str) -> tuple[np.ndarray, GGMLQuantizationType]
         return W.astype(np.float16), t
     if kind == "BF16":
         return (W.view(np.uint32) >> 16).astype(np.uint16), t
-    if kind in KQUANT_TYPES:
+    if quant.outtype_name(kind) in kquants.TYPES:
         return kquants.quantize(W, quant.outtype_name(kind)), t
+    if kind.startswith("IQ4"):  # no encoder here (llama.cpp's quantizer: test_llamacpp_presets.py)
+        from tests.runtime.quant_blocks import random_blocks
+
+        return random_blocks(kind.lower(), W.shape[0], W.shape[1] // quant.block_size(kind)), t
     return gguf.quants.quantize(W, t), t
 
 
@@ -98,10 +108,11 @@ def reader(tmp_path_factory):
     rng = np.random.default_rng(0)
     path = tmp_path_factory.mktemp("quant") / "types.gguf"
     wr = gguf.GGUFWriter(str(path), "llama")
-    for kind in [*KERNELS, "Q5_K"]:
+    for kind in [*KERNELS, "TQ2_0"]:
         W = (rng.standard_normal((8, 512)) / 4).astype(np.float32)
-        if kind == "Q5_K":
-            data, t = kquants.quantize(W, "q5_k"), quant.qtype(kind)
+        if kind == "TQ2_0":  # a type llama.cpp's CPU presets never write
+            t = quant.qtype(kind)
+            data = gguf.quants.quantize(W, t)
         else:
             data, t = _encode(W, kind)
         if data.dtype in (np.float32, np.float16):
@@ -137,8 +148,9 @@ def test_every_registered_type_loads_and_multiplies(reader, kind):
 def test_unregistered_type_keeps_its_error(reader):
     from aios.errors import InvalidModelError
 
-    t = next(x for x in reader.tensors if x.name == "Q5_K")
+    t = next(x for x in reader.tensors if x.name == "TQ2_0")
     with pytest.raises(InvalidModelError) as e:
         from_gguf_tensor(t)
-    assert str(e.value) == ("Tensor 'Q5_K' has type Q5_K; the runtime supports "
-                            "F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q4_K, Q6_K.")
+    assert str(e.value) == ("Tensor 'TQ2_0' has type TQ2_0; the runtime supports "
+                            "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                            "IQ4_XS.")

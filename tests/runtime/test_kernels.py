@@ -2,8 +2,8 @@
 
 Paths: four-row groups and a partial last group (row counts 1..9), rows in any order and
 repeated, several tokens, row lengths that are and are not multiples of 32 (the plain
-fallbacks), Q8_0/Q4_0 rows whose block count is and is not a multiple of 16 (the scale
-vector path and the one-by-one tail), sparse sums with no, one and many active rows.
+fallbacks), 32-value block rows whose block count is and is not a multiple of 16 (the
+unrolled chunk and the one-by-one tail), every block type on random bytes, sparse sums with no, one and many active rows.
 Quantized references decode the stored bits independently of the kernels (gguf-py's own
 dequantizer for the GGUF block bytes).
 """
@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType, dequantize, quantize
 
 from runtime import kernels as K
+from tests.runtime.quant_blocks import F16_FIELDS, random_blocks
 
 RNG = np.random.default_rng(7)
 
@@ -62,28 +63,27 @@ def test_float_rows_match_reference(kind: str, n: int, k: int, T: int) -> None:
         np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
 
 
-def _q(kind: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(quants, fp16 scale bits, dequantized values) split the way runtime.weights does."""
-    qt = GGMLQuantizationType.Q8_0 if kind == "q8_0" else GGMLQuantizationType.Q4_0
-    raw = quantize(RNG.standard_normal((n, k), dtype=np.float32) * 0.1, qt)
-    W = dequantize(raw, qt).reshape(n, k)
-    blk = 34 if kind == "q8_0" else 18
-    b = raw.reshape(n, k // 32, blk)
-    d = np.ascontiguousarray(b[:, :, :2]).view(np.uint16).reshape(n, k // 32)
-    qs = np.ascontiguousarray(b[:, :, 2:]).reshape(n, -1)
-    return (qs.view(np.int8) if kind == "q8_0" else qs), d, W
+def test_every_block_type_has_its_fp16_fields_listed() -> None:
+    assert set(F16_FIELDS) == set(K.BLOCK_TYPES)
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
 @pytest.mark.parametrize("n,nb,T", [(1, 1, 1), (7, 15, 1), (4, 16, 2), (9, 17, 1), (6, 64, 3), (5, 67, 1)])
 def test_block_rows_match_gguf_dequantize(kind: str, n: int, nb: int, T: int) -> None:
-    qs, d, W = _q(kind, n, 32 * nb)
+    """32-value blocks read in place (the file's interleaved bytes), gguf-py's real encodings
+    where it has an encoder and random bytes for every type; the chunk of 16 blocks and the
+    one-by-one tail both run."""
+    raws = [random_blocks(kind, n, nb, RNG)]
+    if kind != "iq4_nl":
+        raws.append(quantize(RNG.standard_normal((n, 32 * nb), dtype=np.float32) * 0.1,
+                             GGMLQuantizationType[kind.upper()]).reshape(n, -1))
     X = RNG.standard_normal((T, 32 * nb), dtype=np.float32)
-    fn = K.mm_q8_0 if kind == "q8_0" else K.mm_q4_0
-    for rows in _rows(n):
-        Y = np.zeros((T, n), np.float32)
-        fn(qs, d, K.LUT_F16, X, rows.astype(np.int64), Y)
-        np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
+    for raw in raws:
+        W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, 32 * nb)
+        for rows in _rows(n):
+            Y = np.zeros((T, n), np.float32)
+            K.mm_block(kind, raw, X, rows.astype(np.int64), Y)
+            np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
@@ -107,22 +107,21 @@ def test_rows_outside_the_selection_are_not_written() -> None:
     assert (Y[0, [2, 5, 7]] != 123.0).all()
 
 
-@pytest.mark.parametrize("kind", ["q2_k", "q4_k", "q6_k"])
+@pytest.mark.parametrize("kind", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"])
 @pytest.mark.parametrize("n,nsb,T", [(1, 1, 1), (6, 2, 3), (9, 8, 1)])
 def test_kquant_rows_match_gguf_dequantize(kind: str, n: int, nsb: int, T: int) -> None:
-    """K-quant rows (our encoder's bytes) against gguf-py's dequantizer of the same bytes."""
-    from convert.kquants import quantize as kquantize
-    from runtime.kernels_k import xsum
+    """K-quant rows (our encoder's bytes where it has the type, random bytes for every type)
+    against gguf-py's dequantizer of the same bytes."""
+    from convert import kquants
 
     k = 256 * nsb
-    raw = np.frombuffer(kquantize(RNG.standard_normal((n, k), dtype=np.float32), kind), np.uint8).reshape(n, -1).copy()
-    W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, k)
+    raws = [random_blocks(kind, n, nsb, RNG)]
+    if kind in kquants.TYPES:
+        raws.append(kquants.quantize(RNG.standard_normal((n, k), dtype=np.float32), kind).reshape(n, -1))
     X = RNG.standard_normal((T, k), dtype=np.float32)
-    for rows in _rows(n):
-        Y = np.zeros((T, n), np.float32)
-        if kind == "q6_k":
-            K.mm_q6_k(raw, K.LUT_F16, X, rows.astype(np.int64), Y)
-        else:
-            fn = K.mm_q4_k if kind == "q4_k" else K.mm_q2_k
-            fn(raw, K.LUT_F16, X, xsum(X, 32 if kind == "q4_k" else 16), rows.astype(np.int64), Y)
-        np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
+    for raw in raws:
+        W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, k)
+        for rows in _rows(n):
+            Y = np.zeros((T, n), np.float32)
+            K.mm_block(kind, raw, X, rows.astype(np.int64), Y)
+            np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)

@@ -1,0 +1,21 @@
+"""Test data for the block kernels: valid GGUF blocks of any type without an encoder."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aios.quant import type_size
+
+# byte offsets of each block type's fp16 fields (d, and dmin/m where there is one): ggml's layouts
+F16_FIELDS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "iq4_nl": [0],
+              "q2_k": [80, 82], "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_xs": [0]}
+
+
+def random_blocks(kind: str, n: int, nblk: int, rng=None) -> np.ndarray:
+    """(n, nblk · block bytes) uint8: random bytes (every quant and scale bit pattern) with
+    finite fp16 scales; a valid encoding of every block type."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    raw = rng.integers(0, 256, (n, nblk, type_size(kind)), dtype=np.uint8)
+    for o in F16_FIELDS[kind]:
+        raw[:, :, o:o + 2] = (rng.standard_normal((n, nblk, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return raw.reshape(n, -1)
