@@ -259,3 +259,27 @@ def test_r1_on_gguf_runs_the_declared_activation(tmp_path):
     hf = r1_sparsity.check(resolve_model(str(folder)), c1).metric("mean_exact_zero_fraction").value
     gg = r1_sparsity.check(resolve_model(str(out)), c2).metric("mean_exact_zero_fraction").value
     assert hf > 0.3 and abs(hf - gg) < 0.01
+
+
+def test_r5_every_manifest_is_verified(gguf_file, tmp_path):
+    """Issue 19.6: a sidecar that disagrees with the file fails R5, even beside a valid one,
+    and the summary names the sidecar and the block."""
+    import shutil
+
+    src = gguf_file()
+    path = tmp_path / "m.gguf"
+    shutil.copy(src, path)
+    h = resolve_model(str(path))
+    good = _manifest_for(h, real_layout(path, h))
+    (tmp_path / "aios_manifest.json").write_text(json.dumps(good))
+    r = r5_layout.check(resolve_model(str(path)), ctx(1))
+    assert r.status == Status.passed, r.summary
+    bad = json.loads(json.dumps(good))
+    bad["layout"][2]["size_bytes"] += 32
+    sidecar = tmp_path / "m.aios.json"
+    sidecar.write_text(json.dumps(bad))
+    r = r5_layout.check(resolve_model(str(path)), ctx(1))
+    assert r.status == Status.failed
+    assert str(sidecar) in r.summary and bad["layout"][2]["block_id"] in r.summary
+    assert r.metric("manifests_verified").value == 2
+    assert [m["ok"] for m in r.details["manifests"]] == [True, False]
