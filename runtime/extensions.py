@@ -7,7 +7,8 @@ implementing ``runtime.weights.Linear``; the forward pass only sees operators.
 The order is part of the formats' meaning: the low-rank hook (``aios-convert svd-residual``)
 first wraps every ``X.lr_u``/``X.lr_v`` pair as ``X.weight``; the alias hook (``aios-convert
 alias``: canonical + delta) then drops the raw entries of alias groups, including what the
-low-rank hook made of a low-rank delta.
+low-rank hook made of a low-rank delta; the fused gate/up hook (Phi-3) then splits whatever
+operator holds ``ffn_up`` into row views.
 
 This module sits below ``runtime.model``: hooks receive the model as an argument, so neither
 they nor this list import it.
@@ -18,8 +19,9 @@ from __future__ import annotations
 from typing import Callable
 
 from runtime.alias import alias_hook
+from runtime.fused import fused_gate_up_hook
 from runtime.lowrank import lowrank_hook
 
 LayerHook = Callable[[object, dict, int, dict], None]
 
-LAYER_HOOKS: list[LayerHook] = [lowrank_hook, alias_hook]
+LAYER_HOOKS: list[LayerHook] = [lowrank_hook, alias_hook, fused_gate_up_hook]

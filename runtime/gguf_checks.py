@@ -75,8 +75,10 @@ def check_cache(hp, path: Path, n_ctx_given: bool, available: int | None = None)
         raise InvalidModelError(f"{path}: {msg} (the file declares this context length).")
 
 
-def _expected(hp) -> dict[str, tuple[int, ...]]:
-    """Per-layer tensor -> numpy shape (n_out, n_in) or (n,) implied by the hyperparameters."""
+def _expected(hp, stored: bool = False) -> dict[str, tuple[int, ...]]:
+    """Per-layer tensor -> numpy shape (n_out, n_in) or (n,) implied by the hyperparameters:
+    as ``stored`` in the file, or as the forward pass sees it after the layer hooks (a fused
+    [gate; up] matrix is one 2·d_ffn-row tensor in the file, two operators after the hook)."""
     d, f, hd = hp.d_model, hp.d_ffn, hp.head_dim
     q, kv = hp.n_heads * hd, hp.n_kv * hd
     shapes = {"attn_norm.weight": (d,), "attn_norm.bias": (d,), "attn_output.weight": (d, q),
@@ -95,6 +97,8 @@ def _expected(hp) -> dict[str, tuple[int, ...]]:
         shapes["ffn_norm.weight"] = (d,)
     if hp.graph.gated_ffn:
         shapes["ffn_gate.weight"] = (f, d)
+    if stored and hp.graph.fused_gate_up:
+        shapes["ffn_up.weight"] = (2 * f, d)
     return shapes
 
 
@@ -118,7 +122,7 @@ def check_tensors(tensors: dict, hp, path: Path) -> None:
             s = _numpy_shape(tensors[name])
             if len(s) != 2 or s[1] != hp.d_model:
                 raise InvalidModelError(f"{path}: '{name}' has shape {list(s)}; expected [vocab, {hp.d_model}].")
-    layer = _expected(hp)
+    layer = _expected(hp, stored=True)
     for name, x in tensors.items():
         shape = want.get(name)
         if shape is None and name.startswith("blk.") and name.count(".") >= 2:

@@ -290,7 +290,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         shareable=("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"),
         fused_qkv=True,
         rope="neox",
-        sliding_window_key="sliding_window",
+        sliding_window_key="sliding_window",  # llama.cpp runs phi3 without it; so does the export
+        export_model_types=("phi3",),
+        gguf_hparams=("rope_dimension_count",),
+        runtime=True,
     ),
     Architecture(
         name="gpt2",

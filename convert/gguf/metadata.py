@@ -96,7 +96,9 @@ def _attention_scale(w, handle: ModelHandle) -> None:
 # Architecture keys a row may ask for (``Architecture.gguf_hparams``), in the order written.
 HPARAM_WRITERS: dict[str, Callable[[Any, ModelHandle], None]] = {
     "vocab_size": lambda w, h: w.add_vocab_size(int(h.facts.vocab_size)),  # type: ignore[arg-type]
-    "rope_dimension_count": lambda w, h: w.add_rope_dimension_count(h.facts.head_dim),
+    # partial rotary (Phi-4-mini rides on the phi3 row): only the first dims of each head rotate
+    "rope_dimension_count": lambda w, h: w.add_rope_dimension_count(
+        int(h.facts.head_dim * float(h.config.get("partial_rotary_factor") or 1.0))),
     "key_value_length": _key_value_length,
     "rope_scaling": _rope_scaling,
     "tensor_data_layout": lambda w, h: w.add_tensor_data_layout("jploski"),  # Falcon QKV regrouped

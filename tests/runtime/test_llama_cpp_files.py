@@ -51,9 +51,9 @@ def llama_cpp_greedy(path, ids: list[int], n: int) -> list[int]:
         llm.close()
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "gemma2", "gemma3", "llama3"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "gemma2", "gemma3", "llama3", "phi3"])
 def test_greedy_equals_llama_cpp_on_its_q8_0(tmp_path, kind):
-    src = build_hf_model(kind.replace("llama3", "llama"), tmp_path / kind, vocab_size=2048,
+    src = build_hf_model(kind.replace("llama3", "llama"), tmp_path / f"tiny-{kind[:3]}", vocab_size=2048,
                          **(LLAMA3_ROPE if kind == "llama3" else {}))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
