@@ -12,7 +12,8 @@ from aios.models import ModelHandle, resolve_model
 from contract.checks import CHECKS, REQUIREMENT_IDS
 from contract.checks.base import CheckContext, Progress, no_progress
 from contract.projection import project
-from contract.result import CheckReport, Evidence, Gate, RequirementResult, Status
+from contract.quality import DEFAULT_MAX_PPL_RATIO, declared_quality, measured_quality
+from contract.result import CheckReport, Evidence, Gate, Quality, RequirementResult, Status
 from contract.spec import tier_ids, tiers
 
 TIER_IDS = tier_ids()
@@ -27,14 +28,27 @@ def assign_tier(results: dict[str, RequirementResult]) -> dict:
     return best
 
 
-def gate(results: dict[str, RequirementResult], required_tier: str | None, required: list[str]) -> Gate:
+def gate(results: dict[str, RequirementResult], required_tier: str | None, required: list[str],
+         quality: Quality | None = None) -> Gate:
+    """The CI gate: requested tier / requirements, plus the quality gate when it was asked for
+    (``quality.max_ratio`` set by ``--baseline``)."""
     needed = list(dict.fromkeys(
         (next(t["requires"] for t in tiers() if t["id"] == required_tier) if required_tier else []) + required
     ))
-    if not required_tier and not required:
+    gated_quality = quality is not None and quality.max_ratio is not None
+    if not required_tier and not required and not gated_quality:
         return Gate(exit_code=int(ExitCode.OK), reason="no gate requested (use --require-tier or --require)")
     failed = [r for r in needed if results[r].status == Status.failed]
     unknown = [r for r in needed if results[r].status in (Status.not_measured, Status.error)]
+    quality_note = ""
+    if gated_quality:
+        assert quality is not None
+        if quality.met is False:
+            failed.append(f"quality (perplexity ratio {quality.ratio:.3f} > {quality.max_ratio:.2f})")
+        elif quality.met is None:
+            unknown.append("quality (held-out perplexity)")
+        else:
+            quality_note = f"perplexity ratio {quality.ratio:.3f} ≤ {quality.max_ratio:.2f}"
     if failed:
         return Gate(required_tier=required_tier, required=needed, met=False, exit_code=int(ExitCode.NOT_MET),
                     reason=f"required {', '.join(failed)} failed")
@@ -42,9 +56,10 @@ def gate(results: dict[str, RequirementResult], required_tier: str | None, requi
         return Gate(required_tier=required_tier, required=needed, met=None,
                     exit_code=int(ExitCode.NOT_EVALUATED),
                     reason=f"required {', '.join(unknown)} could not be evaluated")
-    what = f"tier '{required_tier}'" if required_tier else ", ".join(needed)
+    what = [f"tier '{required_tier}'" if required_tier else ", ".join(needed)] if needed else []
+    what += [quality_note] if quality_note else []
     return Gate(required_tier=required_tier, required=needed, met=True, exit_code=int(ExitCode.OK),
-                reason=f"{what} met")
+                reason=f"{'; '.join(what)} met")
 
 
 def check_model(
@@ -57,8 +72,14 @@ def check_model(
     require_tier: str | None = None,
     require: list[str] | None = None,
     progress: Progress = no_progress,
+    baseline: str | ModelHandle | None = None,
+    max_ppl_ratio: float = DEFAULT_MAX_PPL_RATIO,
 ) -> CheckReport:
-    """Score ``model`` against R1–R5. Library entry point behind ``aios-contract check``."""
+    """Score ``model`` against R1–R5. Library entry point behind ``aios-contract check``.
+
+    With ``baseline`` the held-out perplexity of both is measured and the gate also requires
+    perplexity / baseline perplexity ≤ ``max_ppl_ratio`` (contract.quality).
+    """
     t0 = time.perf_counter()
     require = [r.strip().upper() for r in (require or []) if r.strip()]
     bad = [r for r in require if r not in REQUIREMENT_IDS]
@@ -68,10 +89,18 @@ def check_model(
         raise UsageError(f"Unknown tier '{require_tier}'; choose from {', '.join(TIER_IDS)}.")
     if context <= 0 or max_tokens <= 0 or (samples is not None and samples <= 0):
         raise UsageError("--context, --max-tokens and --samples must be positive.")
+    if not max_ppl_ratio > 0:
+        raise UsageError(f"--max-ppl-ratio must be positive, not {max_ppl_ratio}.")
+    if isinstance(baseline, str) and not baseline.strip():
+        raise UsageError("--baseline is empty; pass the source model the artifact was converted from.")
     handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    base = None
+    if baseline is not None:  # resolve it before measuring anything: a bad name fails fast
+        base = baseline if isinstance(baseline, ModelHandle) else resolve_model(baseline)
     texts = load_texts(calibration, limit=samples)
     ctx = CheckContext(calibration_texts=texts, calibration_source=str(calibration or CALIBRATION_FILE.name),
-                       max_tokens=max_tokens, context=context, progress=progress)
+                       max_tokens=max_tokens, context=context, progress=progress,
+                       keep_model=base is not None)
     results: dict[str, RequirementResult] = {}
     for rid, fn in CHECKS:
         try:
@@ -83,6 +112,14 @@ def check_model(
                 id=rid, title=rid, status=Status.error, summary=f"{rid} check failed: {e.__class__.__name__}: {e}",
                 criterion="", evidence=Evidence.declared, reason=str(e),
             )
+    if base is not None:
+        model_tok = ctx.cache.pop("torch_model", (None, None))
+        quality: Quality | None = measured_quality(
+            handle, base, max_ppl_ratio, model=model_tok[0], tokenizer=model_tok[1],
+            progress=lambda msg: progress(msg, 0, 1))
+    else:
+        quality = declared_quality(handle)
+    ctx.cache.pop("torch_model", None)
     tier = assign_tier(results)
     stats = ctx.cache.get("ffn_activity")
     return CheckReport(
@@ -101,6 +138,7 @@ def check_model(
         tier=tier["id"],
         tier_name=tier["name"],
         projection=project(handle, results, context, tier["id"]),
-        gate=gate(results, require_tier, require),
+        quality=quality,
+        gate=gate(results, require_tier, require, quality),
         seconds=round(time.perf_counter() - t0, 3),
     )

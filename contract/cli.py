@@ -129,12 +129,17 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
               help="aios-run bench JSON: its measured MB/token goes beside the projection in md/html.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the reports (default: print only).")
+@click.option("--baseline", default=None, metavar="SOURCE",
+              help="Quality gate: also measure the held-out perplexity of SOURCE (the model MODEL was "
+                   "converted from) and of MODEL; exit 1 when their ratio exceeds --max-ppl-ratio.")
+@click.option("--max-ppl-ratio", type=float, default=1.10, show_default=True,
+              help="With --baseline: largest allowed perplexity(MODEL) / perplexity(SOURCE).")
 @click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
 def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, bench_file,
-          out_dir, allow_pickle) -> None:
+          out_dir, baseline, max_ppl_ratio, allow_pickle) -> None:
     """Score MODEL against R1-R5 by measurement; the exit code is the CI gate.
 
-    Without --require-tier/--require the exit code is 0 whenever the check ran.
+    Without --require-tier/--require/--baseline the exit code is 0 whenever the check ran.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -155,7 +160,9 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
 
         report = check_model(_model_arg(model, allow_pickle), calibration=calibration, samples=samples,
                              max_tokens=max_tokens, context=context, require_tier=require_tier,
-                             require=require.split(",") if require else [], progress=progress)
+                             require=require.split(",") if require else [], progress=progress,
+                             baseline=_model_arg(baseline, allow_pickle) if baseline is not None else None,
+                             max_ppl_ratio=max_ppl_ratio)
     print_check(report, console)
     if out_dir:
         for p in write_reports(report, out_dir, fmts, bench=bench):

@@ -71,6 +71,26 @@ class Projection(BaseModel):
     note: str = ""
 
 
+class Quality(BaseModel):
+    """Held-out perplexity of the checked model beside its baseline (the quality gate).
+
+    ``evidence`` is ``measured`` when both were run here (``check --baseline``), ``declared``
+    when the numbers are the ones an artifact's provenance recorded at conversion.
+    """
+
+    evidence: Evidence
+    metric: str = "heldout_perplexity"
+    perplexity: float | None = None  # of the checked model
+    baseline: str | None = None  # the baseline / source model's name
+    baseline_perplexity: float | None = None
+    ratio: float | None = None  # perplexity / baseline_perplexity
+    max_ratio: float | None = None  # the gate's limit (--max-ppl-ratio); None: not gated
+    met: bool | None = None  # None: not gated, or could not be evaluated
+    heldout: dict[str, Any] = Field(default_factory=dict)  # text source, digest, tokens
+    source: str = ""  # where the numbers come from
+    reason: str | None = None  # why it could not be evaluated
+
+
 class Gate(BaseModel):
     required_tier: str | None = None
     required: list[str] = Field(default_factory=list)
@@ -91,6 +111,7 @@ class CheckReport(BaseModel):
     tier: str
     tier_name: str
     projection: Projection | None = None
+    quality: Quality | None = None
     gate: Gate
     seconds: float
 

@@ -51,9 +51,34 @@ def print_check(report: CheckReport, console: Console) -> None:
                       f"vs {p.baseline_mb_per_token:.3f} baseline, reduction "
                       f"{p.projected_reduction:.1%} [dim](projected, not measured; the contract "
                       f"claims {spec_range(p)} for this tier)[/]")
+    for line in quality_lines(report):
+        console.print(line, markup=False)
     g = report.gate
     console.print(f"[bold]Tier: {report.tier_name}[/] · gate: {g.reason} · exit {g.exit_code} "
                   f"· {report.seconds:.1f} s")
+
+
+def quality_lines(report: CheckReport) -> list[str]:
+    """The quality gate's numbers as sentences: both perplexities with their evidence class."""
+    q = report.quality
+    if q is None:
+        return []
+    ev = q.evidence.value
+    ppl = "—" if q.perplexity is None else f"{q.perplexity:.4f}"
+    base = "—" if q.baseline_perplexity is None else f"{q.baseline_perplexity:.4f}"
+    line = (f"Quality: held-out perplexity {ppl} ({ev}) vs {base} ({ev}) for the baseline "
+            f"{q.baseline or 'source (unknown)'}")
+    if q.ratio is not None:
+        line += f", ratio {q.ratio:.3f}"
+    if q.max_ratio is not None:
+        verdict = {True: "met", False: "NOT met", None: "could not be evaluated"}[q.met]
+        line += f"; gate ratio ≤ {q.max_ratio:.2f}: {verdict}"
+    lines = [line + "."]
+    if q.reason:
+        lines.append(f"  quality: {q.reason}")
+    if q.source:
+        lines.append(f"  quality: {q.source}")
+    return lines
 
 
 def to_json(report: CheckReport) -> str:
@@ -113,6 +138,15 @@ def to_markdown(report: CheckReport, bench: dict | None = None) -> str:
             f"(reduction {p.projected_reduction:.1%}; the contract's claim for {report.tier_name}: {spec}). "
             f"_{p.note}_",
         ]
+    q = report.quality
+    if q is not None:
+        cell = lambda v: "—" if v is None else f"{v:.4f}"  # noqa: E731
+        lines += ["", "### Quality (held-out perplexity)", "",
+                  "| Model | Perplexity | Evidence |", "|---|---|---|",
+                  f"| `{m['spec']}` | {cell(q.perplexity)} | {q.evidence.value} |",
+                  f"| baseline `{q.baseline or 'unknown'}` | {cell(q.baseline_perplexity)} | {q.evidence.value} |",
+                  ""]
+        lines += [f"- {x.strip()}" for x in quality_lines(report)]
     lines += _measured_markdown(report, bench)
     if report.calibration:
         c = report.calibration

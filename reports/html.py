@@ -185,6 +185,25 @@ def _mb_per_token(report: CheckReport, bench: dict | None) -> str:
                f"— never measured by anyone.</p><pre>{esc(p.formula)}</pre>" if p else ""))
 
 
+def _quality(report: CheckReport) -> str:
+    q = report.quality
+    if q is None:
+        return ('<p class="note">No quality numbers: pass <code>--baseline SOURCE</code> to measure held-out '
+                "perplexity against the source model.</p>")
+    e = q.evidence.value
+    rows = [[esc(report.model["spec"]), fmt_mb(q.perplexity), ev(e)],
+            [esc(f"baseline {q.baseline or 'unknown'}"), fmt_mb(q.baseline_perplexity), ev(e)]]
+    verdict = ""
+    if q.max_ratio is not None:
+        verdict = {True: "met", False: "not met", None: "could not be evaluated"}[q.met]
+        verdict = f" Gate: ratio ≤ {q.max_ratio:g}: <b>{verdict}</b>."
+    ratio = f"Ratio {q.ratio:.3f}." if q.ratio is not None else ""
+    return (table(["model", "held-out perplexity", "evidence"], rows, {1})
+            + f"<p>{ratio}{verdict}</p>"
+            + (f'<p class="warn">{esc(q.reason)}</p>' if q.reason else "")
+            + (f'<p class="note">{esc(q.source)}</p>' if q.source else ""))
+
+
 def check_html(report: CheckReport, bench: dict | None = None) -> str:
     """The HTML report of one ``aios-contract check`` run; ``bench`` adds measured MB/token."""
     by = {r.id: r for r in report.requirements}
@@ -203,6 +222,7 @@ def check_html(report: CheckReport, bench: dict | None = None) -> str:
         ("activation-frequency", "R1: activation-frequency distribution", _activation_frequency(by.get("R1"))),
         ("similarity-heatmap", "R3: layer-by-layer similarity", _similarity(by.get("R3"))),
         ("mb-per-token", "MB/token by term: projected vs measured", _mb_per_token(report, bench)),
+        ("quality", "Quality: held-out perplexity", _quality(report)),
         ("metrics", "All numbers, formulas and commands", _metrics(report)),
         ("provenance", "Model and calibration",
                 cal + table(["fact", "value"], [[esc(k), fmt(v)] for k, v in facts.items()])),

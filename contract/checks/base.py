@@ -23,6 +23,7 @@ class CheckContext:
     spec_version: str = CURRENT_VERSION
     progress: Progress = no_progress
     cache: dict[str, Any] = field(default_factory=dict)  # shared measurements (e.g. R1 stats)
+    keep_model: bool = False  # keep R1's loaded (model, tokenizer) in cache["torch_model"] (quality gate)
 
     def spec(self, rid: str) -> dict[str, Any]:
         return requirement(rid, self.spec_version)

@@ -34,9 +34,14 @@ def activity(handle: ModelHandle, ctx: CheckContext) -> FfnActivity:
     """Measured FFN statistics, computed once per check run and shared (projection, maps)."""
     if "ffn_activity" not in ctx.cache:
         n = len(ctx.calibration_texts)
+        model, tokenizer = handle.load_torch(), handle.load_tokenizer()
+        if ctx.keep_model:  # the quality gate runs the same model next: load it once
+            ctx.cache["torch_model"] = (model, tokenizer)
         ctx.cache["ffn_activity"] = measure_ffn_activity(
             handle,
             ctx.calibration_texts,
+            model=model,
+            tokenizer=tokenizer,
             max_tokens=ctx.max_tokens,
             eps=ctx.spec(ID)["near_zero_eps"],
             progress=lambda done, _tot: ctx.progress("R1: running calibration prompts", done, n),
