@@ -184,6 +184,7 @@ class Model:
         self.layers = [self._layer(t, i) for i in range(hp.n_layers)]
         self.counter = ByteCounter()
         self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
+        self.ffn_act_hook = None  # callable(layer, a): sees the down projection's input (R1 counts)
         self.predictor = None
         self.pred_stats = {"fired": 0, "missed": 0, "predicted": 0, "rows": 0}
         # predict mode: also compute the true activations of each decode step to count the
@@ -302,6 +303,8 @@ class Model:
             keep[rows] = True
             a[:, ~keep] = 0
         nnz = int(np.count_nonzero(a))
+        if self.ffn_act_hook is not None:
+            self.ffn_act_hook(layer, a)
         if self.mode == "dense":
             return self._mm(L["ffn_down.weight"], a, layer), nnz
         Dt: TransposedMatrix = L["ffn_down.T"]

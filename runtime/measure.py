@@ -1,0 +1,46 @@
+"""FFN activation statistics of a GGUF file measured by executing it in this runtime.
+
+The same counts as :func:`aios.measure.ffn.measure_ffn_activity` (the R1 measurement: zeros of
+the down projection's input, per layer and per neuron), taken from the file as stored — quantized
+blocks read in place, alias canonical + delta and low-rank formats applied by the layer hooks —
+instead of through transformers' GGUF loader, which dequantizes every tensor into a float model
+(minutes and the full float size for a 7B file) and random-initializes tensors it does not know.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from aios.measure.ffn import FfnActivity
+
+
+def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer, *, max_tokens: int = 128,
+                              eps: float = 1e-3,
+                              progress: Callable[[int, int], None] | None = None) -> FfnActivity:
+    """Run each text (its first ``max_tokens`` tokens, special tokens added as the HF path
+    adds them) through the file in dense mode and count the FFN activations' zeros."""
+    from runtime.model import Model
+
+    encoded = [ids for ids in (tokenizer(t, add_special_tokens=True)["input_ids"][:max_tokens] for t in texts)
+               if ids]
+    model = Model(Path(path), mode="dense", n_ctx=max([len(ids) for ids in encoded], default=1))
+    hp = model.hp
+    stats = FfnActivity(hp.n_layers, hp.d_ffn, eps=eps)
+
+    def hook(layer: int, a: np.ndarray) -> None:  # a (T, d_ffn)
+        is_zero = a == 0
+        stats.zeros[layer] += int(is_zero.sum())
+        stats.near_zeros[layer] += int((np.abs(a) < eps).sum())
+        stats.neuron_active[layer] += (~is_zero).sum(0)
+
+    model.ffn_act_hook = hook
+    for k, ids in enumerate(encoded):
+        model.reset()
+        model.forward(ids)
+        stats.tokens += len(ids)
+        if progress:
+            progress(k + 1, len(encoded))
+    return stats
