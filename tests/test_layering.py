@@ -21,6 +21,7 @@ PACKAGES = ("aios", "contract", "convert", "runtime", "reports")
 ALLOWED = {
     ("convert.", "contract.spec"),  # the contract's published data: thresholds, R5 manifest format
     ("runtime.bench", "contract.check"),  # bench reports the checker's projection for the file it measures
+    ("contract.checks.r1_sparsity", "runtime.measure"),  # R1 of a GGUF: executed by the runtime
 }
 
 

@@ -32,6 +32,17 @@ def activation_is_relu_family(activation: str, threshold: float | None, family: 
 
 def activity(handle: ModelHandle, ctx: CheckContext) -> FfnActivity:
     """Measured FFN statistics, computed once per check run and shared (projection, maps)."""
+    if "ffn_activity" not in ctx.cache and handle.kind == "gguf":
+        # executed as stored by the runtime: quantized blocks in place, alias/low-rank formats
+        # applied, file-size memory (transformers' GGUF loader dequantizes every tensor and
+        # random-initializes the ones it does not know)
+        from runtime.measure import measure_ffn_activity_gguf
+
+        n = len(ctx.calibration_texts)
+        ctx.cache["ffn_activity"] = measure_ffn_activity_gguf(
+            handle.path, ctx.calibration_texts, handle.load_tokenizer(), max_tokens=ctx.max_tokens,
+            eps=ctx.spec(ID)["near_zero_eps"],
+            progress=lambda done, _tot: ctx.progress("R1: running calibration prompts in aios-run", done, n))
     if "ffn_activity" not in ctx.cache:
         n = len(ctx.calibration_texts)
         model, tokenizer = handle.load_torch(), handle.load_tokenizer()
@@ -100,6 +111,7 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         "per_layer_exact_zero_fraction": [round(float(x), 6) for x in stats.zero_fraction],
         "per_layer_near_zero_fraction": [round(float(x), 6) for x in stats.near_zero_fraction],
         "hook": f"input of {handle.arch.ffn_down} in every block",
+        "engine": "aios-run (the file as stored)" if handle.kind == "gguf" else "transformers",
         # distribution of per-neuron firing frequencies (for sparsity maps / plots)
         "neuron_frequency_deciles": [
             [round(float(q), 4) for q in _deciles(row)] for row in stats.neuron_frequency
