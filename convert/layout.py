@@ -7,7 +7,7 @@ Its access frequency is the expected fraction of its rows read per generated tok
   the FFN up projection of plain FFNs, sparsity masks): 1.0;
 - rows a sparsity-aware kernel may skip (the FFN down projection, and the up projection of
   gated FFNs): the layer's measured mean neuron firing rate on the calibration texts
-  (aios/measure/ffn.py, the R1 measurement), restricted to neurons a ``blk.N.ffn_active``
+  (runtime/measure.py: the R1 measurement, the file executed as stored), restricted to neurons a ``blk.N.ffn_active``
   mask keeps.
 
 Classes: ≥ ``high`` → high, < ``low`` → low, else medium. Tiers: HOT = high blocks of the first
@@ -127,36 +127,18 @@ def ffn_read_fraction(neuron_frequency: np.ndarray, masks: dict[int, np.ndarray]
 
 def measure_read_fraction(handle: ModelHandle, texts: list[str], max_tokens: int,
                           progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """Run the GGUF's model (transformers) on ``texts`` with the activation the file declares."""
-    from aios.measure.ffn import measure_ffn_activity
+    """Run the GGUF in aios-run (the file as stored, with the activation it declares) on
+    ``texts``: quantized blocks are read in place, never dequantized into a float model."""
+    from runtime.measure import measure_ffn_activity_gguf
 
-    model = _load_declared(handle)
-    activity = measure_ffn_activity(handle, texts, max_tokens=max_tokens, model=model, progress=progress)
+    activity = measure_ffn_activity_gguf(handle.path, texts, handle.load_tokenizer(), max_tokens=max_tokens,
+                                         progress=progress)
     masks = {}
     for name in handle.store.iter_names():  # type: ignore[union-attr]
         m = re.match(r"^blk\.(\d+)\.ffn_active$", name)
         if m:
             masks[int(m.group(1))] = handle.store.get(name).astype(bool)  # type: ignore[union-attr]
     return ffn_read_fraction(activity.neuron_frequency, masks)
-
-
-def _load_declared(handle: ModelHandle):
-    """transformers' GGUF loader ignores ``aios.ffn_activation``; set it in the config."""
-    if handle.facts.activation_key != "aios.ffn_activation":
-        return handle.load_torch(dtype="float32")
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    assert handle.path is not None
-    kw = dict(gguf_file=handle.path.name)
-    try:
-        cfg = AutoConfig.from_pretrained(str(handle.path.parent), **kw)
-        setattr(cfg, handle.arch.activation_keys[0], handle.facts.activation)
-        model = AutoModelForCausalLM.from_pretrained(str(handle.path.parent), config=cfg,
-                                                     dtype=torch.float32, **kw)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise InvalidModelError(f"transformers could not load '{handle.spec}': {str(e).splitlines()[0][:200]}") from e
-    return model.eval()
 
 
 # --- rewriting -----------------------------------------------------------------------------
