@@ -196,7 +196,11 @@ def _compare_to_baseline(rows: list[BenchRow], context: int, project: bool) -> N
 def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
           chunk: int = 64, tokenizer: str | None = None, project: bool = True,
           predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
-          cachegrind_tokens: tuple[int, int] = (2, 6), perplexity_tokens: int = 0, progress=None) -> dict:
+          cachegrind_tokens: tuple[int, int] = (2, 6), perplexity_tokens: int = 0, progress=None,
+          threads: int | None = None) -> dict:
+    from runtime.kernels import set_threads
+
+    threads = set_threads(threads)  # default: physical cores
     modes = modes or ["dense"]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -239,7 +243,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         "tool_version": __version__,
         "evidence": "measured (software byte counter: bytes the runtime's kernels read)",
         "settings": {"prompt_tokens": prompt_tokens, "new_tokens": n, "chunk": chunk, "modes": modes,
-                     "perplexity_tokens": perplexity_tokens},
+                     "perplexity_tokens": perplexity_tokens, "threads": threads},
         "baseline": {"file": base.file, "mode": base.mode},
         "rows": [asdict(r) for r in rows],
         "skipped": skipped,

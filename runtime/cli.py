@@ -20,6 +20,7 @@ console = make_console()
 MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations), map (static sparsity map, "
              "lossy), predict (low-rank activation predictor picks up/gate rows, lossy; see fit-predictor).")
 PREDICTOR_HELP = "Predictor file for --mode predict (default: MODEL with suffix .predictor.npz)."
+THREADS_HELP = "Threads for the kernels (default: this machine's physical cores)."
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
@@ -42,14 +43,18 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: the model's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help="Folder with tokenizer.json (default: from the GGUF).")
-def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer) -> None:
+@click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
+def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer,
+             threads) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
     from runtime.bench import decode_mb_per_token
     from runtime.generate import Sampling, load_tokenizer
     from runtime.generate import generate as gen
+    from runtime.kernels import set_threads
     from runtime.model import Model
     from runtime.modes import LOSSY_MODES
 
+    threads = set_threads(threads)
     path = Path(model)
     m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
     tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
@@ -61,7 +66,7 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     console.print(
         f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s, {tm.generated} decode steps at "
         f"{tm.decode_tps:.1f} tok/s; measured MB/token {sum(per.values()):.3f} (weights {per['weights']:.3f}, "
-        f"KV {per['kv_cache']:.3f}, activations {per['activations']:.3f}); mode {mode}{label}[/]",
+        f"KV {per['kv_cache']:.3f}, activations {per['activations']:.3f}); mode {mode}{label}; {threads} thread{'s' if threads != 1 else ''}[/]",
         soft_wrap=True,
     )
 
@@ -108,8 +113,9 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--cachegrind-tokens", default="2,6", show_default=True,
               help="The two decode lengths whose difference gives the per-token slope.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
 def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
-          cachegrind, ll_size, cachegrind_tokens, out_dir) -> None:
+          cachegrind, ll_size, cachegrind_tokens, out_dir, threads) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench
     from runtime.bench import shares_weights, write_bench
@@ -118,7 +124,8 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
                     project=not no_project, predictor=predictor, cachegrind=cachegrind,
                     perplexity_tokens=perplexity_tokens,
-                    ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens))
+                    ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens),
+                    threads=threads)
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     ppl = perplexity_tokens > 0
     shared = shares_weights(res["rows"])  # aliased file: also its distinct weight bytes per step

@@ -27,6 +27,8 @@ leave stale compiled kernels behind after an edit.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -40,6 +42,34 @@ SPARSE_CHUNKS = 8  # partial sums per sparse down-projection call: balances two 
 
 LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 LUT_BF16 = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
+
+
+def physical_cores() -> int:
+    """Physical cores of this machine (hyper-threads not counted): the default thread count."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except ImportError:  # pragma: no cover - psutil is a dependency of the toolchain
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+def set_threads(n: int | None = None) -> int:
+    """Run the parallel kernels on ``n`` threads (default: physical cores, at most what numba
+    started with); returns the count in effect. ``n`` above numba's pool is an error."""
+    import numba
+
+    from aios.errors import UsageError
+
+    pool = numba.config.NUMBA_NUM_THREADS
+    if n is None:
+        n = min(physical_cores(), pool)
+    if not 1 <= n <= pool:
+        raise UsageError(f"--threads {n} is outside 1..{pool} (numba's thread pool here; "
+                         "NUMBA_NUM_THREADS sets its size).")
+    numba.set_num_threads(n)
+    return n
 
 
 # === SIMD intrinsics ==========================================================================
@@ -318,16 +348,18 @@ def _dot4_b32_codegen(fmt):
         nb = args[2 * ROWS + 1]
         ity = nb.type
 
-        def step(blk, accs):
+        def step(blk, accs, scale=None):
+            # scale(j, k): row j's fp16 field k (0: d, 1: m) as <32 x float>; else loaded here
             base = builder.mul(blk, _c(ity, nbytes))
             xv = _vload(builder, x, builder.mul(blk, _c(ity, QK)), V32F, 4)
+            if scale is None:
+                def scale(j, k):
+                    return _splat(builder, _f16_at(builder, ws[j], builder.add(base, _c(ity, 2 * k))), 32)
             for j in range(ROWS):
-                d = _splat(builder, _f16_at(builder, ws[j], base), 32)
-                t = builder.fmul(builder.fmul(_b32_values(builder, fmt, ws[j], base), xv, flags=FAST), d,
+                t = builder.fmul(builder.fmul(_b32_values(builder, fmt, ws[j], base), xv, flags=FAST), scale(j, 0),
                                  flags=FAST)
                 if affine:
-                    m = _splat(builder, _f16_at(builder, ws[j], builder.add(base, _c(ity, 2))), 32)
-                    t = builder.fadd(t, builder.fmul(m, xv, flags=FAST), flags=FAST)
+                    t = builder.fadd(t, builder.fmul(scale(j, 1), xv, flags=FAST), flags=FAST)
                 accs = _accumulate(builder, accs, j, t)
             return accs
 
@@ -335,8 +367,20 @@ def _dot4_b32_codegen(fmt):
             b0 = builder.mul(c, _c(ity, chunk_blocks))
             for j in range(ROWS):
                 _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64)
+            # the chunk's 16 fp16 scales of a row, gathered into one vector and converted by
+            # one instruction (then one lane broadcast per block)
+            v16h, v16f = ir.VectorType(I16, chunk_blocks), ir.VectorType(F32, chunk_blocks)
+            sv = {}
+            for j in range(ROWS):
+                for k in range(2 if affine else 1):
+                    v = ir.Constant(v16h, ir.Undefined)
+                    for u in range(chunk_blocks):
+                        off = builder.add(builder.mul(builder.add(b0, _c(ity, u)), _c(ity, nbytes)), _c(ity, 2 * k))
+                        h = builder.load(builder.bitcast(builder.gep(ws[j], [off]), I16.as_pointer()), align=1)
+                        v = builder.insert_element(v, h, _c(I32, u))
+                    sv[j, k] = builder.fpext(builder.bitcast(v, ir.VectorType(HALF, chunk_blocks)), v16f)
             for u in range(chunk_blocks):
-                accs = step(builder.add(b0, _c(ity, u)), accs)
+                accs = step(builder.add(b0, _c(ity, u)), accs, lambda j, k, u=u: _splat_lane(builder, sv[j, k], u, 32))
             return accs
 
         nchunk = builder.sdiv(nb, _c(ity, chunk_blocks))
