@@ -7,6 +7,7 @@ line on stderr and their documented exit code, never a traceback.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 
 import click
@@ -26,15 +27,87 @@ EXIT_CODES_HELP = (
 LOG_WIDTH = 10_000
 
 
-def make_console(*, stderr: bool = False) -> Console:
+# --quiet: no progress or informational messages on stderr (errors and results still print)
+_state = {"quiet": False}
+
+
+def no_color() -> bool:
+    """NO_COLOR (https://no-color.org) set to anything non-empty, or a dumb terminal."""
+    return os.environ.get("NO_COLOR", "") != "" or os.environ.get("TERM") == "dumb"
+
+
+def make_console(*, stderr: bool = False, errors: bool = False) -> Console:
     """The console every command prints through: on a terminal rich fits the terminal's width;
-    anywhere else lines are never wrapped or cut (``LOG_WIDTH``). rich honours NO_COLOR."""
+    anywhere else lines are never wrapped or cut (``LOG_WIDTH``). With NO_COLOR no escape code
+    is written at all (no colour, no bold). A stderr console is silent under ``--quiet`` unless
+    it prints ``errors``."""
     stream = sys.stderr if stderr else sys.stdout
     tty = hasattr(stream, "isatty") and stream.isatty()
-    return Console(stderr=stderr, highlight=False, width=None if tty else LOG_WIDTH)
+    plain = no_color()
+    return Console(stderr=stderr, highlight=False, width=None if tty else LOG_WIDTH,
+                   no_color=plain or None, color_system=None if plain else "auto",
+                   quiet=stderr and not errors and _state["quiet"])
 
 
 err_console = make_console(stderr=True)
+
+
+def set_quiet(quiet: bool = True) -> None:
+    """``--quiet``: silence progress and informational stderr output from now on."""
+    _state["quiet"] = quiet
+    err_console.quiet = quiet
+
+
+# Third-party noise (transformers' warnings and load reports, tqdm bars) goes only to the
+# --verbose log; our own progress is unaffected. Environment values a user set are kept.
+VERBOSE_ENV = "AIOS_VERBOSE"  # read by aios.models.handle while loading models
+_NOISE_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+_set_by_us: dict[str, str] = {}
+
+
+def quiet_third_party(verbose: bool = False) -> None:
+    """Default: silence third-party logs and bars. ``verbose``: let them through (the log)."""
+    import logging
+    import warnings
+
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+        for k, v in list(_set_by_us.items()):
+            if os.environ.get(k) == v:
+                del os.environ[k]
+            del _set_by_us[k]
+    else:
+        os.environ.pop(VERBOSE_ENV, None)
+        for k, v in _NOISE_ENV.items():
+            if k not in os.environ:
+                os.environ[k] = _set_by_us[k] = v
+        warnings.filterwarnings("ignore", module=r"transformers(\.|$)")
+    if "transformers" in sys.modules:  # already imported: its env var was read; set it directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(logging.WARNING if verbose else logging.ERROR)
+
+
+def _quiet_callback(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        set_quiet(True)
+
+
+def _verbose_callback(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        quiet_third_party(verbose=True)
+
+
+def common_options() -> list[click.Option]:
+    """``--quiet`` and ``--verbose``, added to every command of an :class:`AiosGroup`."""
+    return [
+        click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, is_eager=True,
+                     callback=_quiet_callback,
+                     help="No progress or informational messages on stderr; results and errors still print."),
+        click.Option(["--verbose"], is_flag=True, expose_value=False, is_eager=True,
+                     callback=_verbose_callback,
+                     help="Also show third-party logs (transformers warnings and load reports, tqdm bars)."),
+    ]
 
 
 # A path that cannot be written (or read): read-only folder or file system, no permission, a
@@ -56,24 +129,32 @@ def access_message(e: OSError) -> str:
 class AiosGroup(click.Group):
     """A click group that turns user-caused errors into one line and an exit code."""
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        have = {o for p in cmd.params for o in p.opts}
+        cmd.params.extend(o for o in common_options() if not have.intersection(o.opts))
+        super().add_command(cmd, name)
+
     def invoke(self, ctx: click.Context):
+        set_quiet(False)
+        quiet_third_party(verbose=False)  # a command's --verbose turns the log back on
+        err = make_console(stderr=True, errors=True)
         try:
             return super().invoke(ctx)
         except AiosError as e:
-            err_console.print(f"[bold red]error:[/] {e.message}", soft_wrap=True)
+            err.print(f"[bold red]error:[/] {e.message}", soft_wrap=True)
             sys.exit(int(e.exit_code))
         except OSError as e:  # a writer other than write_atomic (e.g. gguf-py's) hit a full disk
             from aios.io import disk_full_message, is_disk_full
 
             if is_disk_full(e):
-                err_console.print(f"[bold red]error:[/] {disk_full_message(e.filename, e)}", soft_wrap=True)
+                err.print(f"[bold red]error:[/] {disk_full_message(e.filename, e)}", soft_wrap=True)
                 sys.exit(int(ExitCode.NOT_EVALUATED))
             if e.errno not in ACCESS_ERRNOS:
                 raise
-            err_console.print(f"[bold red]error:[/] {access_message(e)}", soft_wrap=True)
+            err.print(f"[bold red]error:[/] {access_message(e)}", soft_wrap=True)
             sys.exit(int(ExitCode.BAD_INPUT))
         except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]: nothing was written under the final name.")
+            err.print("[bold red]interrupted[/]: nothing was written under the final name.")
             sys.exit(130)
 
 
@@ -85,4 +166,17 @@ def version_option():
     )
 
 
-__all__ = ["ACCESS_ERRNOS", "AiosGroup", "access_message", "EXIT_CODES_HELP", "ExitCode", "err_console", "version_option"]
+__all__ = [
+    "ACCESS_ERRNOS",
+    "EXIT_CODES_HELP",
+    "AiosGroup",
+    "ExitCode",
+    "access_message",
+    "common_options",
+    "err_console",
+    "make_console",
+    "no_color",
+    "quiet_third_party",
+    "set_quiet",
+    "version_option",
+]

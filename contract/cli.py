@@ -149,8 +149,10 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
 
     fmts = _formats(formats, FORMATS, "report")
     bench = load_bench(bench_file) if bench_file else None  # fail fast (exit 4) before measuring
+    bar_console = make_console(stderr=True)  # a live bar only on a terminal (not in a CI log)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=make_console(stderr=True), transient=True) as bar:
+                  TimeElapsedColumn(), console=bar_console, transient=True,
+                  disable=not bar_console.is_terminal or bar_console.quiet) as bar:
         tasks: dict[str, int] = {}
 
         def progress(desc: str, done: int, total: int) -> None:

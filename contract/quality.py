@@ -13,7 +13,8 @@ an aliased GGUF's ``aios.alias.*`` keys) show them as ``declared``.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aios.errors import AiosError
 from aios.models import ModelHandle, resolve_model

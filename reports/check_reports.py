@@ -140,7 +140,9 @@ def to_markdown(report: CheckReport, bench: dict | None = None) -> str:
         ]
     q = report.quality
     if q is not None:
-        cell = lambda v: "—" if v is None else f"{v:.4f}"  # noqa: E731
+        def cell(v: float | None) -> str:
+            return "—" if v is None else f"{v:.4f}"
+
         lines += ["", "### Quality (held-out perplexity)", "",
                   "| Model | Perplexity | Evidence |", "|---|---|---|",
                   f"| `{m['spec']}` | {cell(q.perplexity)} | {q.evidence.value} |",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +54,33 @@ def _loading_problems(model, info: dict[str, Any]) -> list[str]:
         loaded = {p.data_ptr() for n, p in params.items() if n not in set(missing)}
         missing = [k for k in missing if k not in params or params[k].data_ptr() not in loaded]
     return missing + mismatched
+
+
+@contextmanager
+def _quiet_loading():
+    """transformers' GGUF dequantization bar (a bare tqdm) and its load report belong to the
+    --verbose log (``AIOS_VERBOSE``), not to our output; the problems it reports are checked
+    by :func:`_loading_problems` and raised as one sentence."""
+    if os.environ.get("AIOS_VERBOSE"):
+        yield
+        return
+    import functools
+    import logging
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bar = getattr(gguf_utils, "tqdm", None)
+    hf_logging.set_verbosity(max(level, logging.ERROR))
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar is not None:
+            gguf_utils.tqdm = bar
 
 
 def _summarize_keys(keys: list[str], shown: int = 3) -> str:
@@ -166,7 +195,6 @@ class ModelHandle:
         import tempfile
 
         import torch
-        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # our own progress display owns the terminal
@@ -178,32 +206,8 @@ class ModelHandle:
                           max_memory={"cpu": plan["budget"]})
             self.notes.append(f"Model larger than memory: running with disk offload ({plan['params']:,} params).")
         try:
-            if self.kind == "gguf":
-                assert self.path is not None
-                from transformers import AutoConfig
-
-                # transformers' GGUF loader, like llama.cpp, assumes the architecture's stock
-                # activation; run the one the file declares (aios.ffn_activation) instead.
-                cfg = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
-                key = self.arch.activation_keys[0]
-                if getattr(cfg, key, None) != self.facts.activation:
-                    setattr(cfg, key, self.facts.activation)
-                model, info = AutoModelForCausalLM.from_pretrained(
-                    str(self.path.parent), gguf_file=self.path.name, config=cfg, output_loading_info=True,
-                    **kwargs
-                )
-            elif self.path is not None and (self.path / "aios_alias.json").is_file():
-                from aios.models.alias_format import load_aliased_torch  # canonical + delta folder
-
-                model, info = load_aliased_torch(self, kwargs["dtype"]), {}
-            else:
-                # pickles only with --allow-pickle (PickleStore); transformers then reads them
-                # with torch.load(weights_only=True) as well
-                pickled = type(self.store).__name__ == "PickleStore"
-                model, info = AutoModelForCausalLM.from_pretrained(
-                    str(self.path), trust_remote_code=False, use_safetensors=not pickled, weights_only=True,
-                    output_loading_info=True, **kwargs
-                )
+            with _quiet_loading():
+                model, info = self._from_pretrained(kwargs)
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise InvalidModelError(
                 f"transformers could not load '{self.spec}': {str(e).splitlines()[0][:200]}"
@@ -221,6 +225,38 @@ class ModelHandle:
                 "nothing was measured on this model.", problems)
         model.eval()
         return model
+
+    def _from_pretrained(self, kwargs: dict[str, Any]):
+        """(model, loading info) from transformers, by file kind; see :meth:`load_torch`."""
+        from transformers import AutoModelForCausalLM
+
+        if self.kind == "gguf":
+            assert self.path is not None
+            from transformers import AutoConfig
+
+            # transformers' GGUF loader, like llama.cpp, assumes the architecture's stock
+            # activation; run the one the file declares (aios.ffn_activation) instead.
+            cfg = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+            key = self.arch.activation_keys[0]
+            if getattr(cfg, key, None) != self.facts.activation:
+                setattr(cfg, key, self.facts.activation)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(self.path.parent), gguf_file=self.path.name, config=cfg, output_loading_info=True,
+                **kwargs
+            )
+        elif self.path is not None and (self.path / "aios_alias.json").is_file():
+            from aios.models.alias_format import load_aliased_torch  # canonical + delta folder
+
+            model, info = load_aliased_torch(self, kwargs["dtype"]), {}
+        else:
+            # pickles only with --allow-pickle (PickleStore); transformers then reads them
+            # with torch.load(weights_only=True) as well
+            pickled = type(self.store).__name__ == "PickleStore"
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(self.path), trust_remote_code=False, use_safetensors=not pickled, weights_only=True,
+                output_loading_info=True, **kwargs
+            )
+        return model, info
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer

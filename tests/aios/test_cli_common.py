@@ -87,3 +87,94 @@ def test_other_os_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setattr(contract.check, "check_model", boom)
     res = CliRunner().invoke(contract_main, ["check", "tiny-falcon"])
     assert res.exit_code == 1 and isinstance(res.exception, OSError)
+
+
+# --- output a CI log can read (issue 19.7) and third-party noise (issue 19.8) ------------------
+
+
+class _Tty(__import__("io").StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_no_color_means_no_escape_codes(monkeypatch):
+    """NO_COLOR honoured even on a terminal: no colour and no other escape code either."""
+    import sys
+
+    from aios.cli_common import make_console
+
+    for env, escapes in ((None, True), ("1", False)):
+        if env is None:
+            monkeypatch.delenv("NO_COLOR", raising=False)
+        else:
+            monkeypatch.setenv("NO_COLOR", env)
+        monkeypatch.setenv("TERM", "xterm-256color")
+        out = _Tty()
+        monkeypatch.setattr(sys, "stdout", out)
+        make_console().print("[bold red]error:[/] something")
+        assert ("\x1b[" in out.getvalue()) is escapes, out.getvalue()
+
+
+def test_log_output_is_never_wrapped(monkeypatch):
+    """Not a terminal (a CI log): one long line stays one line, whatever COLUMNS says."""
+    import io
+    import sys
+
+    from aios.cli_common import make_console
+
+    for columns in (None, "80"):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        out = io.StringIO()
+        monkeypatch.setattr(sys, "stdout", out)
+        line = "measured " + " ".join(f"word{i}" for i in range(60))
+        make_console().print(line)
+        assert out.getvalue() == line + "\n"
+
+
+def test_quiet_silences_progress_but_not_results_or_errors(tmp_path):
+    args = ["svd-residual", "tiny-falcon", "--rank", "2", *FAST, "--eval-tokens", "0"]
+    res = CliRunner().invoke(convert_main, [*args, "-o", str(tmp_path / "a.gguf")])
+    assert res.exit_code == 0 and "calibration" in res.stderr, res.output
+    res = CliRunner().invoke(convert_main, [*args, "-q", "-o", str(tmp_path / "b.gguf")])
+    assert res.exit_code == 0, res.output
+    assert res.stderr == "" and "b.gguf" in res.stdout
+    res = CliRunner().invoke(contract_main, ["check", "", "--quiet"])
+    assert res.exit_code == 2 and res.stderr.startswith("error:")
+
+
+def test_every_command_has_quiet_and_verbose():
+    for group in (contract_main, convert_main, run_main):
+        for name, cmd in group.commands.items():
+            opts = {o for p in cmd.params for o in p.opts}
+            assert {"--quiet", "-q", "--verbose"} <= opts, name
+
+
+def test_gguf_loading_noise_only_in_the_verbose_log(made, capfd, monkeypatch):
+    """transformers' tqdm dequantization bar and load report are not in our output."""
+    from aios.models import resolve_model
+
+    monkeypatch.delenv("AIOS_VERBOSE", raising=False)
+    resolve_model(str(made / "m.gguf")).load_torch()
+    err = capfd.readouterr().err
+    assert "de-quantizing" not in err and "LOAD REPORT" not in err
+
+
+def test_check_prints_no_third_party_noise(tmp_path):
+    """A whole check in a fresh process: nothing on stderr by default (no "Token indices
+    sequence length…" from transformers, no tqdm bars); --verbose shows the log."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "TQDM_DISABLE",
+                                                            "AIOS_VERBOSE", "COLUMNS")}
+    long_text = tmp_path / "long.jsonl"  # longer than the tokenizer's 512: transformers warns
+    long_text.write_text('{"text": "%s"}\n' % ("many words " * 400), encoding="utf-8")
+    cmd = [sys.executable, "-m", "contract.cli", "check", "tiny-falcon", "--calibration", str(long_text)]
+    quiet = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""
+    loud = subprocess.run([*cmd, "--verbose"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert loud.returncode == 0 and "Token indices sequence length" in loud.stderr
