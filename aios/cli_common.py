@@ -129,6 +129,31 @@ def access_message(e: OSError) -> str:
 class AiosGroup(click.Group):
     """A click group that turns user-caused errors into one line and an exit code."""
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        """click's usage errors (3 lines: usage, hint, "Error: …") as our one ``error:`` line."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            from rich.markup import escape
+
+            if type(e).__name__ == "NoArgsIsHelpError":  # a bare `aios-contract`: the help, as click does
+                e.show()
+                sys.exit(e.exit_code)
+
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            make_console(stderr=True, errors=True).print(
+                f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}", soft_wrap=True)
+            sys.exit(int(ExitCode.USAGE))
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            make_console(stderr=True, errors=True).print("[bold red]interrupted[/]")
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         have = {o for p in cmd.params for o in p.opts}
         cmd.params.extend(o for o in common_options() if not have.intersection(o.opts))

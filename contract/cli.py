@@ -148,6 +148,7 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
     from reports.load import load_bench
 
     fmts = _formats(formats, FORMATS, "report")
+    _require_output_for_formats(out_dir)
     bench = load_bench(bench_file) if bench_file else None  # fail fast (exit 4) before measuring
     bar_console = make_console(stderr=True)  # a live bar only on a terminal (not in a CI log)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -170,6 +171,18 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
         for p in write_reports(report, out_dir, fmts, bench=bench):
             console.print(f"wrote {p}")
     sys.exit(report.gate.exit_code)
+
+
+def _require_output_for_formats(out_dir: str | None) -> None:
+    """``--format`` names files to write: without ``-o`` nothing would be written, so say so (exit 2)."""
+    from click.core import ParameterSource
+
+    from aios.errors import UsageError
+
+    ctx = click.get_current_context()
+    if out_dir is None and ctx.get_parameter_source("formats") == ParameterSource.COMMANDLINE:
+        raise UsageError(f"--format {ctx.params['formats']} names report files, but without -o DIR nothing "
+                         "is written; pass -o DIR (or drop --format to print only).")
 
 
 def _formats(formats: str, allowed: tuple[str, ...] | None = None, what: str = "") -> list[str]:
@@ -200,6 +213,7 @@ def compare_cmd(report_a, report_b, formats, out_dir) -> None:
     from reports.load import load_check_report
 
     fmts = _formats(formats, FORMATS, "compare")
+    _require_output_for_formats(out_dir)
     c = compare(load_check_report(report_a), load_check_report(report_b), report_a, report_b)
     click.echo(to_text(c), nl=False)
     if out_dir:
@@ -231,13 +245,17 @@ def report(file, formats, bench_file, out_dir) -> None:
 
 @main.command()
 @click.argument("model")
-@click.option("--revision", default="main", show_default=True)
+@click.option("--revision", default="main", show_default=True,
+              help="Branch, tag or commit of the hub repository to download.")
 def fetch(model: str, revision: str) -> None:
     """Download MODEL (hub id or alias) into the local Hugging Face cache (safetensors only)."""
     from aios.models.aliases import find_alias
     from aios.models.hub import download
 
     alias = find_alias(model)
+    if alias is not None and alias.local_path is not None:  # bundled: nothing to download
+        console.print(f"{alias.name} is bundled with the toolchain ({alias.local_path}); nothing to fetch.")
+        return
     hub_id = alias.hub_id if alias and alias.hub_id else model
     path = download(hub_id, revision=revision)
     console.print(f"Downloaded {hub_id} to {path}")

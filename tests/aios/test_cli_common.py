@@ -178,3 +178,46 @@ def test_check_prints_no_third_party_noise(tmp_path):
     assert quiet.stderr == ""
     loud = subprocess.run([*cmd, "--verbose"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert loud.returncode == 0 and "Token indices sequence length" in loud.stderr
+
+
+# --- smaller points (issue 19.9) -----------------------------------------------------------------
+
+
+def test_click_usage_errors_are_one_error_line():
+    """click's 3-line usage block becomes our one `error:` line, still exit 2."""
+    for group, args, words in (
+        (contract_main, ["check"], "Missing argument 'MODEL'"),
+        (contract_main, ["check", "tiny-falcon", "--bogus"], "No such option '--bogus'"),
+        (convert_main, ["svd-residual", "tiny-falcon", "-o", "x.gguf", "--residual", "q3_x"],
+         "Invalid value for '--residual'"),
+        (run_main, ["generate"], "Missing argument"),
+    ):
+        res = CliRunner().invoke(group, args)
+        assert res.exit_code == 2, res.output
+        line = _one_error_line(res)
+        assert words in line and "--help" in line
+        assert "Usage:" not in res.output
+    res = CliRunner().invoke(contract_main, ["--version"])
+    assert res.exit_code == 0 and "0.1" in res.output
+    assert CliRunner().invoke(contract_main, ["check", "--help"]).exit_code == 0
+
+
+def test_format_without_output_is_a_usage_error(made):
+    """`--format html` without -o used to write nothing and exit 0."""
+    res = CliRunner().invoke(contract_main, ["check", "tiny-falcon", *FAST, "--format", "html"])
+    assert res.exit_code == 2 and "-o DIR" in _one_error_line(res)
+    rep = str(made / "rep" / "aios-report.json")
+    res = CliRunner().invoke(contract_main, ["compare", rep, rep, "--format", "md"])
+    assert res.exit_code == 2 and "-o DIR" in _one_error_line(res)
+    assert CliRunner().invoke(contract_main, ["compare", rep, rep]).exit_code == 0  # print only
+
+
+def test_fetch_of_a_bundled_model_does_not_try_the_hub(monkeypatch):
+    import aios.models.hub as hub
+
+    def no_network(*_a, **_k):
+        raise AssertionError("tried the hub")
+
+    monkeypatch.setattr(hub, "download", no_network)
+    res = CliRunner().invoke(contract_main, ["fetch", "tiny-falcon"])
+    assert res.exit_code == 0 and "bundled" in res.output

@@ -127,7 +127,7 @@ def test_check_cli_html_sarif_and_bench(lm, tmp_path, bench_result):
     assert "measured: tiny-falcon-relu.gguf" in (out / "aios-report.md").read_text()
     bad = tmp_path / "not-bench.json"
     bad.write_text("[1, 2]")
-    res = CliRunner().invoke(main, args[:-4] + ["--bench", str(bad)])
+    res = CliRunner().invoke(main, args[:-4] + ["--bench", str(bad), "-o", str(out)])
     assert res.exit_code == 4 and "Traceback" not in res.output
 
 
