@@ -30,7 +30,7 @@ def main() -> None:
 @main.command("gguf")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .gguf file.")
-@click.option("--outtype", type=click.Choice(OUTTYPES),
+@click.option("--outtype", type=click.Choice(OUTTYPES, case_sensitive=False),
               default="f16", show_default=True,
               help="Type of 2-D weights (norms and biases stay F32; rows that do not fit the type's "
                    "blocks fall back per tensor, reported).")
@@ -67,7 +67,8 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="JSONL/TXT calibration texts (default: the bundled set).")
 @click.option("--samples", type=click.IntRange(min=1), default=None, help="Use the first N texts.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens per calibration text.")
 def layout_command(model: str, output: str, calibration: str | None, samples: int | None, max_tokens: int) -> None:
     """Rewrite MODEL.gguf with blocks in descending access frequency and an R5 manifest."""
 
@@ -96,15 +97,18 @@ def _relufy_default(name: str):
               help="relu or relu2 (fatrelu:T is refused: stock transformers cannot load it).")
 @click.option("--train-data", type=click.Path(dir_okay=False), default=None,
               help="JSONL (text field) or TXT fine-tuning text (default: the fixtures' pydoc train split).")
-@click.option("--steps", type=int, default=_relufy_default("steps"), show_default=True)
+@click.option("--steps", type=int, default=_relufy_default("steps"), show_default=True,
+              help="Fine-tuning steps after the activation swap (each of --batch windows of --seq-len tokens).")
 @click.option("--lr", type=float, default=_relufy_default("lr"), show_default=True, help="Peak learning rate.")
 @click.option("--batch", type=int, default=_relufy_default("batch"), show_default=True, help="Windows per step.")
-@click.option("--seq-len", type=int, default=_relufy_default("seq_len"), show_default=True)
+@click.option("--seq-len", type=int, default=_relufy_default("seq_len"), show_default=True,
+              help="Tokens per training window.")
 @click.option("--l1", type=float, default=_relufy_default("l1"), show_default=True,
               help="Final weight of the progressive activation-L1 penalty (0 = off).")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="cuda trains with bf16 autocast.")
-@click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True)
+@click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True,
+              help="Seed of the data order and initialisation (same seed, same output).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run kept in OUT.partial/.")
 def relufy_command(model: str, out: str, activation: str, train_data: str | None, resume: bool,
                    device: str, **options) -> None:
@@ -119,6 +123,20 @@ def relufy_command(model: str, out: str, activation: str, train_data: str | None
         result = relufy(model, out, cfg, train_data=train_data, device=device, resume=resume,
                         progress=progress)
     render_relufy(result)
+
+
+def refuse_smooth_activation(model: str) -> None:
+    """A sparsity map skips neurons that are exactly zero most of the time; with GELU/SiLU no
+    neuron ever is, so the map would be meaningless: refuse it (exit 4) and say what to do."""
+    from aios.errors import InvalidModelError
+    from aios.models import resolve_model
+    from contract.spec import requirement
+
+    facts = resolve_model(model).facts
+    if facts.activation.lower() not in requirement("R1")["relu_family"]:
+        raise InvalidModelError(
+            f"'{model}' uses {facts.activation}, which never yields exact zeros, so a sparsity map of it "
+            f"would be meaningless; relufy it first (`aios-convert relufy {model} -o OUT`).")
 
 
 @main.command("sparsity-map")
@@ -136,9 +154,16 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
     from convert.sparsity_map import SparsityMapConfig, sparsity_map
     from convert.sparsity_map_cli import render_sparsity_map
 
+    refuse_smooth_activation(model)
+
     result = sparsity_map(model, out, SparsityMapConfig(mode=mode, budget_pct=budget), calibration=calibration,
                           progress=lambda message: err_console.print(f"[dim]{message}[/]"))
     render_sparsity_map(result)
+
+
+# The trained-aliasing defaults shown in --help (convert.alias_train.TrainConfig imports torch,
+# which --help must not; tests/convert/test_cli.py keeps these equal to TrainConfig's).
+ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
 
 
 # --- canonical + delta aliasing --------------------------------------------------------------
@@ -160,15 +185,18 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
 @click.option("--budget-ppl", type=float, default=None,
               help="Keep a matrix type only if measured held-out perplexity rises by at most X (post-hoc).")
 @click.option("--train", is_flag=True, help="Trained aliasing: fine-tune W_c + δ_i with λ Σ‖δ_i‖².")
-@click.option("--steps", type=int, default=None, help="--train: optimisation steps.")
-@click.option("--lam", type=float, default=None, help="--train: final λ of the delta penalty.")
-@click.option("--lr", type=float, default=None, help="--train: peak learning rate.")
+@click.option("--steps", type=int, default=None,
+              help=f"--train: optimisation steps [default: {ALIAS_TRAIN_DEFAULTS['steps']}].")
+@click.option("--lam", type=float, default=None,
+              help=f"--train: final λ of the delta penalty λ Σ‖δ_i‖² [default: {ALIAS_TRAIN_DEFAULTS['lam']:g}].")
+@click.option("--lr", type=float, default=None,
+              help=f"--train: peak learning rate [default: {ALIAS_TRAIN_DEFAULTS['lr']:g}].")
 @click.option("--delta-norm", type=click.Choice(DELTA_NORMS), default=None,
               help="--train: norm of the ‖δ_i‖ ≤ 9 % ‖W_c‖ projection [default: fro, the R3 criterion].")
 @click.option("--gguf", type=click.Path(dir_okay=False), default=None, help="Also write an aliased GGUF for aios-run.")
 @click.option("--dealias", type=click.Path(dir_okay=False), default=None,
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
-@click.option("--outtype", type=click.Choice(GGUF_OUTTYPES), default="f32", show_default=True,
+@click.option("--outtype", type=click.Choice(GGUF_OUTTYPES, case_sensitive=False), default="f32", show_default=True,
               help="Type of the GGUF outputs' 2-D weights.")
 def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
@@ -213,16 +241,17 @@ def _parse_rank(value: str | None) -> int | str | None:
 @click.option("--bpw", type=float, default=None, help="Largest rank whose U, V and residual fit these bits per weight.")
 @click.option("--method", type=click.Choice(METHODS), default="activation-aware",
               show_default=True, help="activation-aware whitens by calibration XᵀX before the SVD.")
-@click.option("--residual", type=click.Choice(RESIDUALS),
+@click.option("--residual", type=click.Choice(RESIDUALS, case_sensitive=False),
               default="q4_0", show_default=True, help="Type of the quantized residual E = W − U·V.")
-@click.option("--factor-type", type=click.Choice(FACTOR_TYPES), default="f16", show_default=True,
+@click.option("--factor-type", type=click.Choice(FACTOR_TYPES, case_sensitive=False), default="f16", show_default=True,
               help="Type of lr_u and lr_v.")
-@click.option("--outtype", type=click.Choice(BASE_TYPES), default="f16", show_default=True,
+@click.option("--outtype", type=click.Choice(BASE_TYPES, case_sensitive=False), default="f16", show_default=True,
               help="Type of the tensors left plain (embeddings, output head).")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="JSONL/TXT calibration texts (default: the bundled set).")
 @click.option("--samples", type=click.IntRange(min=1), default=None, help="Use the first N calibration texts.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens per calibration text.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the randomized SVD.")
 @click.option("--eval-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Held-out tokens per text set for the measured perplexity (0: skip running the file).")

@@ -1,0 +1,36 @@
+"""convert/cli.py: options and usage (issue 19.9)."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from convert.cli import ALIAS_TRAIN_DEFAULTS, main
+
+
+def test_outtype_is_case_insensitive(tmp_path):
+    """llama.cpp spells types Q8_0; ours are lower case: both are accepted."""
+    res = CliRunner().invoke(main, ["gguf", "tiny-falcon", "-o", str(tmp_path / "x.gguf"), "--outtype", "Q8_0",
+                                    "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "q8_0" in res.output.lower() and not (tmp_path / "x.gguf").exists()
+
+
+def test_sparsity_map_refuses_a_smooth_activation(tmp_path):
+    """GELU never yields exact zeros: a map of it would be meaningless (exit 4, one sentence)."""
+    res = CliRunner().invoke(main, ["sparsity-map", "tiny-falcon", "-o", str(tmp_path / "m.npz")])
+    assert res.exit_code == 4, res.output
+    assert "relufy" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_help_texts_describe_options_and_defaults():
+    from convert.alias_train import AliasTrainConfig
+
+    cfg = AliasTrainConfig()
+    assert ALIAS_TRAIN_DEFAULTS == {"steps": cfg.steps, "lam": cfg.lam, "lr": cfg.lr}
+    for cmd, names in (("relufy", ("--steps", "--seq-len", "--seed")), ("alias", ("--steps", "--lam", "--lr"))):
+        params = {o: p for p in main.commands[cmd].params for o in p.opts}
+        for name in names:
+            p = params[name]
+            assert p.help, (cmd, name)
+            assert p.show_default or "default" in p.help, (cmd, name)
