@@ -61,6 +61,11 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     ids = tok(prompt)["input_ids"]
     out, tm = gen(m, list(ids), n_tokens, chunk=chunk, sampling=Sampling(temperature, top_k, top_p, seed))
     console.print(prompt + tok.decode(out), soft_wrap=True)
+    if tm.generated == 0:  # no decode step: there is no per-token figure to report
+        console.print(f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s; no decode step ran (the "
+                      f"first token comes from the prefill), so no MB/token or decode speed was measured: "
+                      f"use -n 2 or more.[/]", soft_wrap=True)
+        return
     per = decode_mb_per_token(tm)
     label = " (lossy)" if mode in LOSSY_MODES else ""
     console.print(
@@ -98,10 +103,12 @@ def _two_ints(text: str) -> tuple[int, int]:
 @main.command()
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--modes", default="dense", show_default=True, help="Comma-separated modes run for every file. " + MODE_HELP)
-@click.option("--prompt-tokens", type=int, default=64, show_default=True)
+@click.option("--prompt-tokens", type=int, default=64, show_default=True,
+              help="Prompt length per run (tokens of the bundled held-out text).")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate per run.")
 @click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size.")
-@click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="Folder with tokenizer.json (default: from each GGUF).")
 @click.option("--no-project", is_flag=True, help="Skip the checker's projection (faster).")
 @click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
 @click.option("--perplexity-tokens", type=click.IntRange(min=0), default=0, show_default=True,
@@ -113,9 +120,10 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--cachegrind-tokens", default="2,6", show_default=True,
               help="The two decode lengths whose difference gives the per-token slope.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the full result as JSON (without -o).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
 def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
-          cachegrind, ll_size, cachegrind_tokens, out_dir, threads) -> None:
+          cachegrind, ll_size, cachegrind_tokens, out_dir, as_json, threads) -> None:
     """Run MODELS side by side; the first run is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench
     from runtime.bench import shares_weights, write_bench
@@ -158,7 +166,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
     if out_dir:
         for p in write_bench(res, out_dir):
             console.print(f"wrote {p}")
-    else:
+    elif as_json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
 

@@ -96,3 +96,22 @@ def test_bench_cachegrind_columns_and_options(exported, tmp_path, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     res = CliRunner().invoke(main, ["bench", str(relu), "--no-project", "--cachegrind", "-n", "2", "--prompt-tokens", "4"])
     assert res.exit_code == 2 and "valgrind" in res.stderr
+
+
+def test_generate_one_token_says_nothing_was_measured(exported):
+    """-n 1 has no decode step: no "measured MB/token 0.000" (issue 19.9)."""
+    path, _ = exported("tiny-falcon", "f32")
+    res = CliRunner().invoke(main, ["generate", str(path), "-p", "The list type", "-n", "1"])
+    assert res.exit_code == 0, res.output
+    assert "no MB/token" in res.stdout and "0.000" not in res.stdout
+
+
+def test_bench_without_output_prints_the_table_not_json(exported):
+    """bench without -o used to dump the whole JSON after the table; --json asks for it."""
+    path, _ = exported("tiny-falcon", "f32")
+    args = ["bench", str(path), "--no-project", "-n", "2", "--prompt-tokens", "4"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert '"rows"' not in res.stdout and "aios-run bench" in res.stdout
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert res.exit_code == 0 and '"rows"' in res.stdout
