@@ -191,8 +191,11 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         activation_keys=("hidden_act",),
         default_activation="silu",
         export_model_types=("llama", "mistral"),
-        gguf_hparams=("vocab_size", "rope_dimension_count", "key_value_length", "rope_scaling"),
+        gguf_hparams=("vocab_size", "rope_dimension_count", "key_value_length", "rope_scaling", "sliding_window"),
         rope_scaling_types=("default", "linear", "llama3"),  # llama3: per-frequency factors
+        # Mistral v0.1's window (every layer); llama.cpp's llama graph ignores the key and attends
+        # to the whole context, aios-run applies it as transformers does
+        sliding_window_key="sliding_window",
         generated_tensors=("rope_freqs",),
         runtime=True,
         **_LLAMA_KEYS,
