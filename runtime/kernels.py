@@ -1,8 +1,9 @@
 """numba kernels: Y[t, i] = Σ_j W[i, j] · X[t, j] over a chosen set of rows, per storage type.
 
 Weights stay in their stored precision and are decoded in registers (F16/BF16 by the CPU's
-conversion instructions, Q8_0/Q4_0 block by block with the fp16 scales converted 16 at a
-time), so the bytes a kernel reads are the bytes the byte counter reports. Each weight row
+conversion instructions, block types block by block straight from the file's interleaved
+ggml blocks, fp16 scales included), so the bytes a kernel reads are the bytes the byte
+counter reports, and a weight is never copied out of the mmap. Each weight row
 is read once per call whatever the number of tokens T (chunked prefill reuses it across the
 chunk).
 
