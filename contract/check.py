@@ -87,8 +87,9 @@ def check_model(
         raise UsageError(f"Unknown requirement {', '.join(bad)}; choose from {', '.join(REQUIREMENT_IDS)}.")
     if require_tier is not None and require_tier not in TIER_IDS:
         raise UsageError(f"Unknown tier '{require_tier}'; choose from {', '.join(TIER_IDS)}.")
-    if context <= 0 or max_tokens <= 0 or (samples is not None and samples <= 0):
-        raise UsageError("--context, --max-tokens and --samples must be positive.")
+    for name, value in (("--context", context), ("--max-tokens", max_tokens), ("--samples", samples)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} must be positive, not {value}.")
     if not max_ppl_ratio > 0:
         raise UsageError(f"--max-ppl-ratio must be positive, not {max_ppl_ratio}.")
     if isinstance(baseline, str) and not baseline.strip():

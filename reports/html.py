@@ -83,7 +83,9 @@ def page(title: str, subtitle: str, sections: list[tuple[str, str, str]]) -> str
 
 
 def fmt(v: object) -> str:
-    if isinstance(v, bool) or v is None:
+    if v is None:  # an absent value reads as a dash, never "None"
+        return "—"
+    if isinstance(v, bool):
         return esc(v)
     if isinstance(v, float):
         return esc(f"{v:.4g}")

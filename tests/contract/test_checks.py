@@ -283,3 +283,24 @@ def test_r5_every_manifest_is_verified(gguf_file, tmp_path):
     assert str(sidecar) in r.summary and bad["layout"][2]["block_id"] in r.summary
     assert r.metric("manifests_verified").value == 2
     assert [m["ok"] for m in r.details["manifests"]] == [True, False]
+
+
+def test_r2_shows_the_models_own_maximum_context():
+    """tiny-falcon runs at most 512 tokens: R2 keeps the contract's 4096 criterion and also shows
+    the KV bytes at 512 (issue 19.9)."""
+    from contract.checks import r2_kv_cache
+
+    r = r2_kv_cache.check(resolve_model("tiny-falcon"), ctx(1))
+    at_max = r.metric("kv_bytes_at_max_context")
+    assert at_max is not None and at_max.value * 8 == r.metric("kv_bytes_at_4096").value
+    assert "maximum context is 512" in r.summary
+    assert r2_kv_cache.check(resolve_model("llama-2-7b"), ctx(1)).metric("kv_bytes_at_max_context") is None
+
+
+def test_non_positive_option_is_named():
+    from aios.errors import UsageError
+    from contract.check import check_model
+
+    for kw, name in (({"context": 0}, "--context"), ({"max_tokens": -1}, "--max-tokens"), ({"samples": 0}, "--samples")):
+        with pytest.raises(UsageError, match=name):
+            check_model("tiny-falcon", **kw)

@@ -138,3 +138,9 @@ def test_markdown_fits_step_summary(falcon_report):
     big = "| x |\n" * 400_000
     cut = fit_step_summary(big)
     assert len(cut.encode()) <= STEP_SUMMARY_LIMIT and "truncated" in cut and cut.startswith("| x |\n")
+
+
+def test_absent_values_read_as_a_dash(falcon_report):
+    """No "activation_threshold None" in the HTML facts table (issue 19.9)."""
+    page = check_html(falcon_report)
+    assert ">None<" not in page
