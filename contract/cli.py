@@ -134,9 +134,11 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
                    "converted from) and of MODEL; exit 1 when their ratio exceeds --max-ppl-ratio.")
 @click.option("--max-ppl-ratio", type=float, default=1.10, show_default=True,
               help="With --baseline: largest allowed perplexity(MODEL) / perplexity(SOURCE).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON (the aios-report.json schema) instead of tables.")
 @click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
 def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, bench_file,
-          out_dir, baseline, max_ppl_ratio, allow_pickle) -> None:
+          out_dir, baseline, max_ppl_ratio, as_json, allow_pickle) -> None:
     """Score MODEL against R1-R5 by measurement; the exit code is the CI gate.
 
     Without --require-tier/--require/--baseline the exit code is 0 whenever the check ran.
@@ -166,10 +168,15 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
                              require=require.split(",") if require else [], progress=progress,
                              baseline=_model_arg(baseline, allow_pickle) if baseline is not None else None,
                              max_ppl_ratio=max_ppl_ratio)
-    print_check(report, console)
+    if as_json:
+        from reports.check_reports import to_json
+
+        click.echo(to_json(report))
+    else:
+        print_check(report, console)
     if out_dir:
         for p in write_reports(report, out_dir, fmts, bench=bench):
-            console.print(f"wrote {p}")
+            (make_console(stderr=True) if as_json else console).print(f"wrote {p}")
     sys.exit(report.gate.exit_code)
 
 

@@ -21,8 +21,30 @@ def test_console_markdown_and_html_quote_the_same_claim(falcon_report):
     print_check(falcon_report, console)
     text = console.export_text()
     claim = spec_range(falcon_report.projection)
-    assert f"the contract claims {claim} for this tier" in text
+    assert f"the contract claims {claim} for {falcon_report.tier_name}" in text
     assert f"Tier: {falcon_report.tier_name} · gate: {falcon_report.gate.reason}" in text
     assert all(f"{r.id} {r.title}" in text for r in falcon_report.requirements)
     assert f"{falcon_report.tier_name}: {claim})" in to_markdown(falcon_report)
     assert f"{claim} reduction" in check_html(falcon_report)
+
+
+def test_a_claim_the_model_does_not_reach_is_said_so(falcon_report):
+    """"AIOS Compatible … the contract claims 45–55 %" beside a 0 % projection read as a promise
+    (issue 19.9): the line says the model's own projection does not reach the tier-wide claim."""
+    p = falcon_report.projection.model_copy(update={"projected_reduction": 0.0,
+                                                    "spec_projected_reduction": [0.45, 0.55]})
+    console = Console(record=True, width=400, highlight=False)
+    print_check(falcon_report.model_copy(update={"projection": p}), console)
+    assert "does not reach" in console.export_text()
+
+
+def test_check_json_prints_the_report(lm):
+    import json
+
+    from click.testing import CliRunner
+
+    from contract.cli import main
+
+    res = CliRunner().invoke(main, ["check", str(lm("falcon")), "--samples", "2", "--max-tokens", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["model"]["architecture"] == "falcon"
