@@ -16,6 +16,20 @@ def render_export(result: ExportResult, dealiased: bool) -> None:
     make_console().print(f"wrote {result.output} ({what})")
 
 
+# Held-out perplexity ratio above which an alias result is flagged (the checker's quality gate
+# default, `aios-contract check --max-ppl-ratio`).
+WARN_PPL_RATIO = 1.10
+
+
+def quality_warning(before: float, after: float, limit: float = WARN_PPL_RATIO) -> str | None:
+    """One sentence when aliasing made held-out perplexity more than ``limit`` times worse."""
+    if not before or before <= 0 or after / before <= limit:
+        return None
+    return (f"held-out perplexity is {after / before:.2f}× the source's ({before:.3f} → {after:.3f}), above "
+            f"{limit:.2f}×: `aios-contract check OUT --baseline SOURCE` will fail its quality gate; train "
+            "longer, lower --lam, or alias fewer layers/types.")
+
+
 def render_alias(result: AliasResult) -> None:
     console = make_console()
     rep = result.report
@@ -39,6 +53,9 @@ def render_alias(result: AliasResult) -> None:
                       f"{worst['layer']}); per member in {result.output / 'aios_alias.json'}")
     console.print(f"held-out perplexity (measured): {rep['source_heldout_perplexity']:.3f} → "
                   f"{rep['heldout_perplexity']:.3f} ({rep['perplexity_delta']:+.3f})")
+    warning = quality_warning(rep["source_heldout_perplexity"], rep["heldout_perplexity"])
+    if warning:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     for note in result.notes:
         console.print(note)
     if result.gguf:

@@ -34,3 +34,12 @@ def test_help_texts_describe_options_and_defaults():
             p = params[name]
             assert p.help, (cmd, name)
             assert p.show_default or "default" in p.help, (cmd, name)
+
+
+def test_alias_warns_when_perplexity_gets_much_worse():
+    """`alias --train` that made perplexity 5× worse exited 0 without a word (issue 19.9)."""
+    from convert.alias_cli import quality_warning
+
+    assert quality_warning(48.9, 48.6) is None and quality_warning(48.9, 52.0) is None
+    w = quality_warning(48.9, 250.0)
+    assert w is not None and "5.11×" in w and "--baseline" in w
