@@ -121,12 +121,14 @@ def relufy_curve(steps: Sequence[float], zero: Sequence[float | None], ppl: Sequ
     fig = _figure(8, 3.4)
     ax = fig.add_subplot()
     z = [np.nan if v is None else v for v in zero]
-    ax.plot(steps, z, "o-", color=MEASURED, label="exact-zero fraction (measured)")
+    # two measurements (start and end of a short run) are two points, not a trend: no line
+    style_z, style_p = ("o-", "s-") if len(steps) > 2 else ("o", "s")
+    ax.plot(steps, z, style_z, color=MEASURED, label="exact-zero fraction (measured)")
     ax.axhline(floor, color=THRESHOLD, ls="--", lw=1, label=f"R1 floor {floor:.0%}")
     ax.set(xlabel="fine-tuning step", ylabel="exact-zero fraction", ylim=(0, 1.05))
     ax2 = ax.twinx()
     p = [np.nan if v is None else v for v in ppl]
-    ax2.plot(steps, p, "s-", color="#bc4c00", label="held-out perplexity (measured)")
+    ax2.plot(steps, p, style_p, color="#bc4c00", label="held-out perplexity (measured)")
     if source_ppl is not None:
         ax2.axhline(source_ppl, color="#bc4c00", ls=":", lw=1.2, label=f"source model perplexity {source_ppl:.4g}")
     ax2.set_ylabel("held-out perplexity")

@@ -14,6 +14,18 @@ from reports.html import esc, ev, fmt, fmt_mb, img, page, table
 from reports.measured import TERM_LABELS, TERMS, bench_label
 
 
+def _predictor_html(rows: list[dict]) -> str:
+    """The predictor's measured false-negative rate for every predict run (lossy, so always shown)."""
+    items = [f"<li>{esc(bench_label(r))}: false-negative rate {r['predictor_fnr']:.2%}, up/gate rows computed "
+             f"{pct_or_dash(r.get('predicted_density'))} {ev('measured')} (lossy)</li>"
+             for r in rows if r.get("predictor_fnr") is not None]
+    return f"<p>Activation predictor:</p><ul>{''.join(items)}</ul>" if items else ""
+
+
+def pct_or_dash(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
 def bench_html(result: dict) -> str:
     s = result.get("settings", {})
     pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
@@ -30,7 +42,8 @@ def bench_html(result: dict) -> str:
             + f"<p>Evidence of every MB/token and tok/s figure: {esc(result.get('evidence', 'measured'))} "
               f"{ev('measured')}. Projected reductions come from aios-contract check {ev('projected')} "
               "and are not measurements.</p>"
-            + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
+            + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else "")
+            + _predictor_html(result["rows"]))
     base = result.get("baseline", {})
     sub = (f"Baseline {esc(base.get('file'))} [{esc(base.get('mode'))}] · {esc(s.get('prompt_tokens'))} prompt tokens, "
            f"{esc(s.get('new_tokens'))} generated · {esc(result.get('tool', 'aios-run bench'))} "

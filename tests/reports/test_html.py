@@ -144,3 +144,35 @@ def test_absent_values_read_as_a_dash(falcon_report):
     """No "activation_threshold None" in the HTML facts table (issue 19.9)."""
     page = check_html(falcon_report)
     assert ">None<" not in page
+
+
+def test_bench_html_shows_the_predictor_false_negative_rate(bench_result):
+    """A lossy predict run shows its measured false-negative rate (issue 19.9)."""
+    import copy
+
+    res = copy.deepcopy(bench_result)
+    res["rows"][1].update(mode="predict", lossy=True, predictor_fnr=0.0123, predicted_density=0.21)
+    page = bench_html(res)
+    assert "false-negative rate 1.23%" in page and "21.0%" in page
+    assert "false-negative" not in bench_html(bench_result)
+
+
+def test_relufy_curve_of_two_points_draws_no_line(monkeypatch):
+    """Two measurements (a 2-step run) are two markers, not a line implying a trend."""
+    from matplotlib.axes import Axes
+
+    from reports import plots
+
+    styles = []
+    real = Axes.plot
+
+    def spy(self, *args, **kw):
+        styles.append(args[2] if len(args) > 2 else None)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    plots.relufy_curve([0, 2], [0.5, 0.8], [1000.0, 75.0])
+    assert styles == ["o", "s"]
+    styles.clear()
+    plots.relufy_curve([0, 1, 2], [0.5, 0.7, 0.8], [1000.0, 90.0, 75.0])
+    assert styles == ["o-", "s-"]
