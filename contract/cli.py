@@ -118,11 +118,12 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
 @click.argument("model")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="JSONL (text field) or TXT prompts; default: bundled set.")
 @click.option("--samples", type=int, default=None, help="Use only the first N calibration samples.")
-@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample (each sample is cut to this many).")
 @click.option("--require-tier", type=click.Choice(tier_ids()), default=None,
               help="Exit 1 unless the model reaches this tier.")
 @click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
-@click.option("--context", type=int, default=4096, show_default=True, help="Context length for KV bytes and the projection.")
+@click.option("--context", "--ctx", "context", type=int, default=4096, show_default=True,
+              help="Context length for KV bytes and the projection.")
 @click.option("--format", "formats", default="json,md,junit", show_default=True,
               help="Report formats written to -o DIR: json, md, junit, html, sarif.")
 @click.option("--bench", "bench_file", type=click.Path(dir_okay=False), default=None,

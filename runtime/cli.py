@@ -29,8 +29,21 @@ def main() -> None:
     """Run GGUF artifacts on the CPU and measure bytes read per token."""
 
 
+def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
+    """MODEL must be a .gguf file: an HF folder or a model name gets the export command (exit 2)."""
+    from aios.errors import UsageError
+
+    for v in (value,) if isinstance(value, str) else value:
+        p = Path(v)
+        if p.is_dir() or (not p.exists() and p.suffix.lower() != ".gguf" and not any(c in v for c in "/\\")):
+            raise UsageError(f"aios-run runs .gguf files and '{v}' is "
+                             f"{'a folder' if p.is_dir() else 'not a file'}; export it first: "
+                             f"`aios-convert gguf {v} -o {p.name or 'model'}.gguf`.")
+    return value
+
+
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", callback=_gguf_args)
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate.")
 @click.option("--mode", type=click.Choice(MODES), default="dense", show_default=True,
@@ -41,7 +54,7 @@ def main() -> None:
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: the model's).")
+@click.option("--ctx", "--context", "n_ctx", type=int, default=None, help="Context length (default: the model's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help="Folder with tokenizer.json (default: from the GGUF).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
 def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer,
@@ -101,8 +114,9 @@ def _two_ints(text: str) -> tuple[int, int]:
 
 
 @main.command()
-@click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--modes", default="dense", show_default=True, help="Comma-separated modes run for every file. " + MODE_HELP)
+@click.argument("models", nargs=-1, required=True, callback=_gguf_args)
+@click.option("--modes", "--mode", "modes", default="dense", show_default=True,
+              help="Comma-separated modes run for every file. " + MODE_HELP)
 @click.option("--prompt-tokens", type=int, default=64, show_default=True,
               help="Prompt length per run (tokens of the bundled held-out text).")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate per run.")
@@ -172,7 +186,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
 
 
 @main.command("fit-predictor")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", callback=_gguf_args)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Predictor file (default: MODEL with suffix .predictor.npz).")
 @click.option("--rank", type=int, default=32, show_default=True, help="Rank r of the predictor A·B.")
@@ -180,7 +194,8 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
               help="Per-neuron false-negative rate the thresholds aim for on calibration tokens.")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="JSONL/TXT calibration texts (default: the bundled set).")
-@click.option("--max-tokens", type=int, default=4096, show_default=True, help="Calibration tokens collected.")
+@click.option("--max-tokens", type=int, default=4096, show_default=True,
+              help="Calibration tokens collected in total (all texts together).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None)
 def fit_predictor(model, output, rank, target_fnr, calibration, max_tokens, tokenizer) -> None:
     """Fit the low-rank FFN activation predictor used by --mode predict (ReLU-family GGUFs)."""

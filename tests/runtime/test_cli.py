@@ -115,3 +115,25 @@ def test_bench_without_output_prints_the_table_not_json(exported):
     assert '"rows"' not in res.stdout and "aios-run bench" in res.stdout
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 0 and '"rows"' in res.stdout
+
+
+def test_a_folder_or_model_name_gets_the_export_hint():
+    """aios-run given an HF folder or an alias says to export first (issue 19.9)."""
+    from aios.models.aliases import FIXTURES_DIR
+
+    for model in ("tiny-falcon", str(FIXTURES_DIR / "tiny-falcon")):
+        for args in (["generate", model, "-p", "x"], ["bench", model], ["fit-predictor", model]):
+            res = CliRunner().invoke(main, args)
+            assert res.exit_code == 2, (args, res.output)
+            assert res.stderr.startswith("error:") and "aios-convert gguf" in res.stderr
+
+
+def test_option_spellings_agree_across_commands():
+    """--mode/--modes and --ctx/--context are accepted by both commands that take them."""
+    from contract.cli import main as contract_main
+
+    bench_opts = {o for p in main.commands["bench"].params for o in p.opts}
+    gen_opts = {o for p in main.commands["generate"].params for o in p.opts}
+    check_opts = {o for p in contract_main.commands["check"].params for o in p.opts}
+    assert {"--mode", "--modes"} <= bench_opts and {"--ctx", "--context"} <= gen_opts
+    assert {"--ctx", "--context"} <= check_opts
