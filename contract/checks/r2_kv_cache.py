@@ -14,6 +14,20 @@ def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, context: int, elem_b
     return n_layers * n_kv_heads * head_dim * context * 2 * elem_bytes
 
 
+def sliding_window(handle: ModelHandle) -> tuple[int, int]:
+    """(window, number of layers that use it) from an HF config (0, 0 without one). Per-layer
+    ``layer_types`` when the config lists them, else every layer (Mistral)."""
+    key = handle.arch.sliding_window_key
+    window = handle.config.get(key) if key else None
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return 0, 0
+    if handle.config.get("use_sliding_window") is False:  # Qwen2-style switch
+        return 0, 0
+    types = handle.config.get("layer_types")
+    n_local = sum(t == "sliding_attention" for t in types) if isinstance(types, list) else handle.facts.n_layers
+    return (window, n_local) if n_local else (0, 0)
+
+
 def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
     spec = ctx.spec(ID)
     f = handle.facts
@@ -40,6 +54,16 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         at_max = kv_bytes(f.n_layers, f.n_kv_heads, f.head_dim, max_ctx, spec["bytes_per_kv_element"])
         metrics.append(Metric(name="kv_bytes_at_max_context", value=at_max, unit="B", evidence=Evidence.analytic,
                               note=f"C = {max_ctx}, the model's maximum context (declared)"))
+    window, n_local = sliding_window(handle)
+    if window:  # information only: the contract's formula counts every layer at the full context
+        local = min(window, c_spec)
+        actual = (kv_bytes(n_local, f.n_kv_heads, f.head_dim, local, spec["bytes_per_kv_element"])
+                  + kv_bytes(f.n_layers - n_local, f.n_kv_heads, f.head_dim, c_spec, spec["bytes_per_kv_element"]))
+        metrics.append(Metric(
+            name="kv_bytes_at_4096_with_sliding_window", value=actual, unit="B", evidence=Evidence.analytic,
+            note=(f"{n_local} of {f.n_layers} layers attend through a {window}-token window and keep at "
+                  f"most {local} tokens; information only: the contract's formula (and its criterion) "
+                  "counts every layer at the full context")))
     passed = ok_heads and ok_bytes
     if passed:
         summary = f"{f.attention_kind} with {f.n_kv_heads} KV head(s): {fmt_bytes(at_spec)} at 4K context (≤ 64 MiB)."

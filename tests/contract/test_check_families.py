@@ -40,3 +40,16 @@ def test_folder_and_gguf_agree(tmp_path, kind):
     for rid in ("R2", "R4"):  # analytic, from the same facts in both forms
         assert _r(folder, rid).status == _r(file, rid).status
         assert [m.value for m in _r(folder, rid).metrics] == [m.value for m in _r(file, rid).metrics]
+
+
+def test_r2_reports_the_sliding_window_cache_as_information(tmp_path):
+    """Gemma 3's five local layers of six keep at most 8 tokens: the smaller cache is shown as
+    information; the verdict follows the contract's formula (every layer at the full context)."""
+    src = build_hf_model("gemma3", tmp_path / "g3")
+    r2 = _r(check_model(str(src), require=["R2"]), "R2")
+    full = _metric(r2, "kv_bytes_at_4096")
+    windowed = _metric(r2, "kv_bytes_at_4096_with_sliding_window")
+    assert full == 6 * 2 * 32 * 4096 * 4  # L × H_kv × d_head × C × 4
+    assert windowed == 5 * 2 * 32 * 8 * 4 + 1 * 2 * 32 * 4096 * 4
+    note = next(m.note for m in r2.metrics if m.name == "kv_bytes_at_4096_with_sliding_window")
+    assert "information only" in note
