@@ -15,8 +15,19 @@ def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, context: int, elem_b
 
 
 def sliding_window(handle: ModelHandle) -> tuple[int, int]:
-    """(window, number of layers that use it) from an HF config (0, 0 without one). Per-layer
-    ``layer_types`` when the config lists them, else every layer (Mistral)."""
+    """(window, number of layers that use it), or (0, 0): from a GGUF's keys (the window and the
+    per-layer pattern, else the row's ``swa_pattern`` rule, as llama.cpp and aios-run read them)
+    or an HF config (``layer_types`` when it lists them, else every layer: Mistral)."""
+    if handle.kind == "gguf" and handle.store is not None:
+        g = handle.arch.gguf_arch.lower()
+        window = handle.store.field(f"{g}.attention.sliding_window")  # type: ignore[union-attr]
+        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+            return 0, 0
+        pattern = handle.store.field(f"{g}.attention.sliding_window_pattern")  # type: ignore[union-attr]
+        n, L = handle.arch.swa_pattern, handle.facts.n_layers
+        n_local = (sum(bool(x) for x in pattern) if isinstance(pattern, list)
+                   else sum(n == 0 or i % n < n - 1 for i in range(L)))
+        return (window, n_local) if n_local else (0, 0)
     key = handle.arch.sliding_window_key
     window = handle.config.get(key) if key else None
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
