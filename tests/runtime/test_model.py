@@ -37,7 +37,7 @@ def test_f32_logits_match_transformers(exported, fixture):
     assert np.abs(step - ref).max() <= 1e-4
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "gemma3", "gemma2", "phi3", "mistral"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "llama32", "gemma3", "gemma2", "phi3", "mistral"])
 def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     """Graph features read off the architecture row: Qwen2's q/k/v biases and NeoX RoPE,
     Qwen3's per-head q/k RMSNorm and explicit head_dim, Llama 3.1's RoPE frequency factors
@@ -48,8 +48,9 @@ def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     from convert.gguf import GGUFExportConfig, export_gguf
     from tests.conftest import LLAMA3_ROPE, build_hf_model
 
-    extra = LLAMA3_ROPE if kind == "llama3" else {}
-    src = build_hf_model(kind.replace("llama3", "llama"), tmp_path / kind, vocab_size=2048, **extra)
+    extra = {"llama3": LLAMA3_ROPE, "llama32": dict(LLAMA3_ROPE, tie_word_embeddings=True)}.get(kind, {})
+    base = "llama" if kind.startswith("llama") else kind
+    src = build_hf_model(base, tmp_path / kind, vocab_size=2048, **extra)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
     path = tmp_path / f"{kind}.gguf"
@@ -57,10 +58,13 @@ def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     ids, ref = _hf_logits(src)
     m = Model(path)
     names = {t.name for t in m.reader.tensors}
-    assert m.hp.graph.name == {"llama3": "llama", "mistral": "llama"}.get(kind, kind)
+    assert m.hp.graph.name == {"llama3": "llama", "llama32": "llama", "mistral": "llama"}.get(kind, kind)
     if kind == "mistral":  # every layer attends through the 8-token window, the prompt is longer
         assert m.hp.window == 8 and all(m.hp.swa_layers) and len(ids) > 8
+    if kind == "llama32":  # Llama 3.2: tied output, no output.weight stored
+        assert "output.weight" not in names and m.output is m.tok_embd
     assert {"qwen2": "blk.0.attn_q.bias", "qwen3": "blk.0.attn_k_norm.weight", "llama3": "rope_freqs.weight",
+            "llama32": "rope_freqs.weight",
             "gemma3": "blk.0.post_ffw_norm.weight", "gemma2": "blk.0.post_attention_norm.weight",
             "phi3": "blk.0.attn_qkv.weight", "mistral": "blk.0.ffn_gate.weight"}[kind] in names
     out = m.forward(ids, all_logits=True)
