@@ -162,6 +162,8 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
         def progress(desc: str, done: int, total: int) -> None:
             if desc not in tasks:
                 tasks[desc] = bar.add_task(desc, total=total)
+                if bar.disable:  # a CI log: one plain line per step instead of a live bar
+                    bar_console.print(f"[dim]{desc}…[/]", soft_wrap=True)
             bar.update(tasks[desc], completed=done, total=total)
 
         report = check_model(_model_arg(model, allow_pickle), calibration=calibration, samples=samples,
