@@ -4,7 +4,7 @@ A conversion can satisfy R1–R5 and still ruin the model (a 2-step relufy: perp
 ``check --baseline SOURCE`` runs both models on the held-out protocol every converter reports
 (``aios.evaluation.pydoc_split``: the fixtures' held-out split of ``pydoc_data.topics``, each
 model's own tokenizer; perplexity by ``aios.fixtures.train.heldout_perplexity``, stride-128
-windows) and the gate fails when perplexity / baseline perplexity > ``max_ratio``.
+windows; a GGUF in the runtime by ``runtime.perplexity``, the same protocol) and the gate fails when perplexity / baseline perplexity > ``max_ratio``.
 
 Without a baseline, artifacts whose provenance recorded perplexities (relufy and alias cards,
 an aliased GGUF's ``aios.alias.*`` keys) show them as ``declared``.
@@ -25,13 +25,25 @@ PROTOCOL = "held-out perplexity, pydoc_data.topics held-out split, stride-128 wi
 
 
 def heldout_perplexity(handle: ModelHandle, model=None, tokenizer=None) -> tuple[float, dict[str, Any], Any]:
-    """(perplexity, held-out description, token ids) of ``handle`` by the converters' protocol."""
+    """(perplexity, held-out description, token ids) of ``handle`` by the converters' protocol.
+
+    A GGUF is run as stored by the runtime (``runtime.perplexity``: quantized blocks in place,
+    alias and low-rank formats applied), never through transformers' dequantizing loader, which
+    random-initializes tensors it does not know; a folder runs in transformers.
+    """
     from aios.evaluation import pydoc_split
     from aios.fixtures import train as fixture_recipe
 
-    model = model if model is not None else handle.load_torch()
     tokenizer = tokenizer if tokenizer is not None else handle.load_tokenizer()
     tokens = pydoc_split(tokenizer, "heldout")
+    if handle.kind == "gguf":
+        from runtime.model import Model
+        from runtime.perplexity import perplexity
+
+        assert handle.path is not None
+        ppl = perplexity(Model(handle.path), tokens.ids.tolist(), window=fixture_recipe.SEQ_LEN)["perplexity"]
+        return float(ppl), tokens.describe(), tokens.ids
+    model = model if model is not None else handle.load_torch()
     return float(fixture_recipe.heldout_perplexity(model, tokens.ids)), tokens.describe(), tokens.ids
 
 

@@ -57,3 +57,17 @@ def test_provenance_perplexities_are_declared(tmp_path):
     assert q["evidence"] == "declared" and q["perplexity"] == 48.6321 and q["baseline_perplexity"] == 48.917
     res = run("tiny-falcon", *FAST, "--format", "json", "-o", str(out))
     assert json.loads((out / "aios-report.json").read_text())["quality"] is None
+
+
+def test_gguf_perplexity_runs_in_the_runtime(tmp_path):
+    """A GGUF's perplexity comes from running the file as stored (aios-run), not transformers'
+    dequantizing loader: an f32 export of tiny-falcon-relu reproduces its card's 51.6955."""
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    gguf = tmp_path / "relu.gguf"
+    export_gguf("tiny-falcon-relu", gguf, GGUFExportConfig("f32"))
+    out = tmp_path / "r"
+    res = run(str(gguf), *FAST, "--baseline", "tiny-falcon", "--format", "json", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    q = json.loads((out / "aios-report.json").read_text())["quality"]
+    assert q["evidence"] == "measured" and abs(q["perplexity"] - 51.6955) < 0.01 and q["met"] is True
