@@ -39,6 +39,10 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
             raise UsageError(f"aios-run runs .gguf files and '{v}' is "
                              f"{'a folder' if p.is_dir() else 'not a file'}; export it first: "
                              f"`aios-convert gguf {v} -o {p.name or 'model'}.gguf`.")
+        if p.is_file():  # a truncated or corrupt file says so first (not "No usable tokenizer")
+            from aios.models.tensors import GGUFStore
+
+            GGUFStore(p)
     return value
 
 

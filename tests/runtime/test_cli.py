@@ -137,3 +137,13 @@ def test_option_spellings_agree_across_commands():
     check_opts = {o for p in contract_main.commands["check"].params for o in p.opts}
     assert {"--mode", "--modes"} <= bench_opts and {"--ctx", "--context"} <= gen_opts
     assert {"--ctx", "--context"} <= check_opts
+
+
+def test_truncated_gguf_is_named_as_truncated(exported, tmp_path):
+    """bench on a truncated GGUF said "No usable tokenizer" (issue 19.9)."""
+    path, _ = exported("tiny-falcon", "f32")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    for args in (["bench", str(cut), "--no-project"], ["generate", str(cut), "-p", "x"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 4 and "truncated" in res.stderr and "tokenizer" not in res.stderr, res.output
