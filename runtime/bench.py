@@ -221,7 +221,11 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
                 skipped.append(f"{path.name} [{mode}]: activation '{model.hp.activation}' has no exact zeros")
                 continue
             if mode != "dense":
-                model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
+                try:
+                    model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
+                except AiosError as e:  # one unsupported (file, mode) pair: skip it, run the rest
+                    skipped.append(f"{path.name} [{mode}]: {e.message}")
+                    continue
             rows.append(_measure_row(model, path, mode, ids, n, chunk))
             if perplexity_tokens:
                 from runtime.perplexity import heldout_ids, perplexity

@@ -179,8 +179,10 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
         if r.get("predictor_fnr") is not None:
             console.print(f"predictor on {Path(r['file']).name}: measured false-negative rate "
                           f"{r['predictor_fnr']:.2%}, up/gate rows computed {r['predicted_density']:.1%} (lossy)")
+    from rich.markup import escape
+
     for s in res["skipped"]:
-        console.print(f"[yellow]skipped:[/] {s}")
+        console.print(f"[yellow]skipped:[/] {escape(s)}")  # "[sparse]" is text, not markup
     if out_dir:
         for p in write_bench(res, out_dir):
             console.print(f"wrote {p}")

@@ -147,3 +147,14 @@ def test_truncated_gguf_is_named_as_truncated(exported, tmp_path):
     for args in (["bench", str(cut), "--no-project"], ["generate", str(cut), "-p", "x"]):
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 4 and "truncated" in res.stderr and "tokenizer" not in res.stderr, res.output
+
+
+def test_bench_skips_an_unsupported_file_mode_pair(exported):
+    """One file that cannot run a mode (exact-sparse on a Q8_0 ffn_down) is skipped with a line;
+    the other runs still happen (issue 19.9)."""
+    f32, _ = exported("tiny-falcon", "f32", relu=True)
+    q8, _ = exported("tiny-falcon", "q8_0", relu=True)
+    res = CliRunner().invoke(main, ["bench", str(f32), str(q8), "--modes", "dense,sparse", "--no-project",
+                                    "-n", "2", "--prompt-tokens", "4"])
+    assert res.exit_code == 0, res.output
+    assert f"skipped: {q8.name} [sparse]" in res.stdout
