@@ -12,6 +12,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from aios import CONTRACT_VERSION, __version__
 from aios.errors import AiosError, ExitCode
@@ -136,8 +137,6 @@ class AiosGroup(click.Group):
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except click.UsageError as e:
-            from rich.markup import escape
-
             if type(e).__name__ == "NoArgsIsHelpError":  # a bare `aios-contract`: the help, as click does
                 e.show()
                 sys.exit(e.exit_code)
@@ -166,17 +165,17 @@ class AiosGroup(click.Group):
         try:
             return super().invoke(ctx)
         except AiosError as e:
-            err.print(f"[bold red]error:[/] {e.message}", soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)  # text, not markup
             sys.exit(int(e.exit_code))
         except OSError as e:  # a writer other than write_atomic (e.g. gguf-py's) hit a full disk
             from aios.io import disk_full_message, is_disk_full
 
             if is_disk_full(e):
-                err.print(f"[bold red]error:[/] {disk_full_message(e.filename, e)}", soft_wrap=True)
+                err.print(f"[bold red]error:[/] {escape(disk_full_message(e.filename, e))}", soft_wrap=True)
                 sys.exit(int(ExitCode.NOT_EVALUATED))
             if e.errno not in ACCESS_ERRNOS:
                 raise
-            err.print(f"[bold red]error:[/] {access_message(e)}", soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(access_message(e))}", soft_wrap=True)
             sys.exit(int(ExitCode.BAD_INPUT))
         except KeyboardInterrupt:
             err.print("[bold red]interrupted[/]: nothing was written under the final name.")

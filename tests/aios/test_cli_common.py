@@ -226,3 +226,16 @@ def test_fetch_of_a_bundled_model_does_not_try_the_hub(monkeypatch):
     monkeypatch.setattr(hub, "download", no_network)
     res = CliRunner().invoke(contract_main, ["fetch", "tiny-falcon"])
     assert res.exit_code == 0 and "bundled" in res.output
+
+
+def test_error_messages_are_printed_as_text_not_markup(monkeypatch):
+    """A message holding "[sparse]" or "[bold]" keeps it: it is text, not rich markup."""
+    import contract.check
+    from aios.errors import UsageError
+
+    def fail(*_a, **_k):
+        raise UsageError("file.gguf [sparse] cannot run; see [bold]x[/bold]")
+
+    monkeypatch.setattr(contract.check, "check_model", fail)
+    res = CliRunner().invoke(contract_main, ["check", "tiny-falcon"])
+    assert res.exit_code == 2 and "file.gguf [sparse] cannot run; see [bold]x[/bold]" in res.stderr
