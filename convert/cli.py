@@ -36,14 +36,19 @@ def main() -> None:
                    "blocks fall back per tensor, reported).")
 @click.option("--sparsity-map", type=click.Path(dir_okay=False), default=None,
               help="Embed a sparsity map (.npz) as blk.N.ffn_active masks (file then runs in aios-run only).")
+@click.option("--sparse-down", is_flag=True,
+              help="Store FFN down projections neuron-major (blk.N.ffn_down.t) so aios-run's sparse modes "
+                   "skip non-firing neurons in any type; the file is for aios-run, not llama.cpp.")
 @click.option("--dry-run", is_flag=True, help="Print the tensor plan and metadata; write nothing.")
-def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None, dry_run: bool) -> None:
+def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None, sparse_down: bool,
+                 dry_run: bool) -> None:
     """Export MODEL (falcon, llama family, gpt2) to a GGUF file llama.cpp loads."""
 
     from convert.gguf import GGUFExportConfig, export_gguf
 
     console = make_console()
-    result = export_gguf(model, output, GGUFExportConfig(outtype, sparsity_map), dry_run=dry_run)
+    result = export_gguf(model, output, GGUFExportConfig(outtype, sparsity_map, sparse_down=sparse_down),
+                         dry_run=dry_run)
     if dry_run:
         for p in result.plan:
             fb = f"  (fallback: {p.fallback})" if p.fallback else ""

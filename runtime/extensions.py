@@ -8,7 +8,8 @@ The order is part of the formats' meaning: the low-rank hook (``aios-convert svd
 first wraps every ``X.lr_u``/``X.lr_v`` pair as ``X.weight``; the alias hook (``aios-convert
 alias``: canonical + delta) then drops the raw entries of alias groups, including what the
 low-rank hook made of a low-rank delta; the fused gate/up hook (Phi-3) then splits whatever
-operator holds ``ffn_up`` into row views.
+operator holds ``ffn_up`` into row views; the sparse-down hook turns a neuron-major
+``ffn_down.t`` into the layer's down projection.
 
 This module sits below ``runtime.model``: hooks receive the model as an argument, so neither
 they nor this list import it.
@@ -21,7 +22,8 @@ from typing import Callable
 from runtime.alias import alias_hook
 from runtime.fused import fused_gate_up_hook
 from runtime.lowrank import lowrank_hook
+from runtime.sparse_down import sparse_down_hook
 
 LayerHook = Callable[[object, dict, int, dict], None]
 
-LAYER_HOOKS: list[LayerHook] = [lowrank_hook, alias_hook, fused_gate_up_hook]
+LAYER_HOOKS: list[LayerHook] = [lowrank_hook, alias_hook, fused_gate_up_hook, sparse_down_hook]

@@ -99,6 +99,8 @@ def _expected(hp, stored: bool = False) -> dict[str, tuple[int, ...]]:
         shapes["ffn_gate.weight"] = (f, d)
     if stored and hp.graph.fused_gate_up:
         shapes["ffn_up.weight"] = (2 * f, d)
+    if stored:
+        shapes["ffn_down.t"] = (f, d)  # neuron-major down projection (--sparse-down)
     return shapes
 
 

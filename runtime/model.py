@@ -220,7 +220,7 @@ class Model:
         for hook in LAYER_HOOKS:  # extension formats turn their tensors into composite operators
             hook(self, t, i, L)
         gguf_checks.check_layer(self.hp, i, L, self.path)
-        if self.mode != "dense":
+        if self.mode != "dense" and "ffn_down.T" not in L:  # (a neuron-major file provides it)
             L["ffn_down.T"] = transpose(L["ffn_down.weight"])
         if self.mode == "map":
             if "ffn_active" not in L:

@@ -201,8 +201,9 @@ def transpose(m: Matrix) -> TransposedMatrix:
     spec = KERNELS.get(m.kind)
     if spec is not None and spec.sparse is not None:
         return TransposedMatrix(m.name + ".T", m.kind, np.ascontiguousarray(m.data.T))
-    # block-quantized rows cannot be transposed exactly; exact-sparse needs F32/F16/BF16 down
+    # block-quantized rows cannot be transposed exactly: the file must store them neuron-major
     raise InvalidModelError(
-        f"Exact sparse execution needs '{m.name}' in F32, F16 or BF16 (it is {m.kind}); "
-        "export with --outtype f32/f16/bf16 or run dense."
+        f"Exact sparse execution of a {m.kind} down projection needs it stored neuron-major "
+        f"('{m.name}' is d_model rows of d_ffn, quantized across neurons); export with "
+        "`aios-convert gguf MODEL --outtype TYPE --sparse-down`, or run --mode dense."
     )

@@ -22,9 +22,9 @@ from aios.models import ModelHandle, resolve_model
 from aios.models.alias_format import groups_of
 from convert.gguf import sparsity
 from convert.gguf import tensors as gt
-from convert.gguf.metadata import aios_metadata, provenance
+from convert.gguf.metadata import aios_metadata, provenance, sparse_down_metadata
 from convert.gguf.plan import (ExportPlan, GGUFExportConfig, PlannedTensor, check_exportable,
-                               fallback_lines, plan_tensors)
+                               fallback_lines, neuron_major_down, plan_tensors)
 from convert.gguf.tokenizer import read_tokenizer
 from convert.gguf.writer import Progress, write_plan
 
@@ -80,10 +80,19 @@ def export_gguf(model: str | ModelHandle, output: str | Path, config: GGUFExport
         )
     masks = _load_masks(handle, config)
     plan = ExportPlan(handle, config.outtype, plan_tensors(handle, config.outtype, masks))
+    if config.sparse_down:
+        if handle.arch.transposed_linear:
+            raise UsageError(f"--sparse-down is for the architectures aios-run runs; '{handle.arch.name}' is not one.")
+        plan.tensors = neuron_major_down(handle, plan.tensors, config.outtype)
     plan.tokenizer = read_tokenizer(handle.path, handle.facts.vocab_size)  # type: ignore[arg-type]
     result = ExportResult(None, config, handle.arch.gguf_arch.lower(), plan.tensors, {})
     result.metadata, warnings, result.llama_cpp_loadable = aios_metadata(
         handle, config.outtype, plan.fallbacks, provenance(handle, config), masks, config.sparsity_map)
+    if config.sparse_down:
+        extra, warning = sparse_down_metadata(handle.facts.n_layers)
+        result.metadata.update(extra)
+        result.llama_cpp_loadable = False
+        warnings.append(warning)
     plan.metadata = result.metadata
     result.warnings += warnings
     if plan.tokenizer is None:

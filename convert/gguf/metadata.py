@@ -194,6 +194,22 @@ def aios_metadata(handle: ModelHandle, outtype: str, fallbacks: list[str], prove
     return meta, warnings, loadable
 
 
+SPARSE_DOWN_FORMAT = ("blk.N.ffn_down.t (d_ffn x d_model): the FFN down projection stored neuron-major "
+                      "(row j = neuron j's output weights, quantized along d_model) in place of "
+                      "blk.N.ffn_down.weight, so exact-sparse runs read only firing neurons' rows")
+
+
+def sparse_down_metadata(n_layers: int) -> tuple[dict[str, object], str]:
+    """``aios.sparse_down.*`` keys and the warning for a neuron-major export."""
+    meta: dict[str, object] = {
+        "aios.sparse_down.format": SPARSE_DOWN_FORMAT,
+        "aios.sparse_down.layers": n_layers,
+        "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight",
+    }
+    return meta, ("--sparse-down stores every FFN down projection neuron-major (blk.N.ffn_down.t): the file is "
+                  "for aios-run (all modes); export again without it for llama.cpp")
+
+
 def provenance(handle: ModelHandle, config: GGUFExportConfig | None = None, *,
                command: str = "aios-convert gguf", converter_config: dict | None = None) -> dict:
     """Tool, source files (by size and digest) and converter config of an export.
@@ -213,6 +229,8 @@ def provenance(handle: ModelHandle, config: GGUFExportConfig | None = None, *,
         converter_config = asdict(config or GGUFExportConfig())
         if converter_config["sparsity_map"]:
             converter_config["sparsity_map"] = Path(converter_config["sparsity_map"]).name
+        if not converter_config["sparse_down"]:  # recorded only when on: older exports keep their bytes
+            del converter_config["sparse_down"]
     small = {n: sha256_file(folder / n) for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
              if (folder / n).is_file()}
     return {"tool": "aios-toolchain", "tool_version": __version__, "command": command,

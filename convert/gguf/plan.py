@@ -37,6 +37,9 @@ class GGUFExportConfig:
     outtype: str = "f16"
     sparsity_map: str | None = None  # file name only in provenance (paths are machine-specific)
     version: int = 1
+    # store each FFN down projection neuron-major (blk.N.ffn_down.t) instead of ffn_down.weight,
+    # so exact-sparse runs read only the rows of firing neurons in any type (aios-run only)
+    sparse_down: bool = False
 
 
 @dataclass
@@ -203,6 +206,25 @@ def _rope_freqs(handle: ModelHandle) -> list[PlannedTensor]:
 GENERATED_TENSORS: dict[str, Callable[[ModelHandle], list[PlannedTensor]]] = {
     "rope_freqs": _rope_freqs,
 }
+
+
+SPARSE_DOWN = "{base}.t"  # the neuron-major down projection, named after the tensor it replaces
+
+
+def neuron_major_down(handle: ModelHandle, tensors: list[PlannedTensor], outtype: str) -> list[PlannedTensor]:
+    """``tensors`` with every ``blk.N.ffn_down.weight`` (d_model rows of d_ffn) replaced by
+    ``blk.N.ffn_down.t`` (d_ffn rows of d_model): one neuron's output weights are one row,
+    quantized along d_model, so a skipped neuron's bytes are never read. Types follow the
+    same fallback rules as every other tensor (the row length is now d_model)."""
+    out = []
+    for p in tensors:
+        if p.source is None or not re.fullmatch(r"blk\.\d+\.ffn_down\.weight", p.name) or p.rule is not None:
+            out.append(p)
+            continue
+        t = plan_tensor(handle, SPARSE_DOWN.format(base=p.name.removesuffix(".weight")), p.source, outtype,
+                        rule="transpose")
+        out.append(t)
+    return sorted(out, key=lambda p: tensor_order(p.name))
 
 
 def _rows_of(data: np.ndarray, shape: tuple[int, ...]):
