@@ -902,3 +902,56 @@ def _sparse_lut_cols(Wt, lut, a, active, y):
             j = active[jj]
             for col in range(c0, c1):
                 y[col] += a[j] * lut[Wt[j, col]]
+
+
+# --- sparse down projection over neuron-major quantized rows (aios-convert gguf --sparse-down) ---
+# y = Σ_j a[j]·row_j over the active neurons j, each row ggml's Q8_0 / Q4_0 blocks along d_model
+# (block = fp16 scale d, then QK int8 quants / QK/2 bytes of 4-bit pairs: low nibbles are the
+# block's first half, high nibbles its second, both offset by 8). Threads take chunks of the active
+# rows into their own partial sums (as _sparse_rows does), so each row is read once, front to back.
+Q8_0_BYTES = type_size("Q8_0")  # 2 + QK
+Q4_0_BYTES = type_size("Q4_0")  # 2 + QK // 2
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def sparse_rows_q8_0(W, lut, a, active, y):  # W (d_ffn, nb·34) uint8; y (nb·QK,) f32
+    n, r = y.shape[0], active.shape[0]
+    nb = n // QK
+    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
+    part = np.zeros((nch, n), np.float32)
+    step = (r + nch - 1) // nch
+    Wq = W.view(np.int8)
+    for c in prange(nch):
+        p = part[c]
+        for jj in range(c * step, min(r, (c + 1) * step)):
+            j = active[jj]
+            aj = a[j]
+            for b in range(nb):
+                o = b * Q8_0_BYTES
+                d = lut[np.int64(W[j, o]) | (np.int64(W[j, o + 1]) << 8)] * aj
+                for i in range(QK):
+                    p[b * QK + i] += d * np.float32(Wq[j, o + 2 + i])
+    _sum_parts(part, y)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def sparse_rows_q4_0(W, lut, a, active, y):  # W (d_ffn, nb·18) uint8; y (nb·QK,) f32
+    n, r = y.shape[0], active.shape[0]
+    nb = n // QK
+    half = QK // 2
+    nch = min(SPARSE_CHUNKS, max(1, (r + 3) // 4))
+    part = np.zeros((nch, n), np.float32)
+    step = (r + nch - 1) // nch
+    for c in prange(nch):
+        p = part[c]
+        for jj in range(c * step, min(r, (c + 1) * step)):
+            j = active[jj]
+            aj = a[j]
+            for b in range(nb):
+                o = b * Q4_0_BYTES
+                d = lut[np.int64(W[j, o]) | (np.int64(W[j, o + 1]) << 8)] * aj
+                for i in range(half):
+                    q = np.int64(W[j, o + 2 + i])
+                    p[b * QK + i] += d * np.float32((q & 15) - 8)
+                    p[b * QK + half + i] += d * np.float32((q >> 4) - 8)
+    _sum_parts(part, y)

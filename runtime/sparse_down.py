@@ -41,9 +41,10 @@ class NeuronRows:
     def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
         """y (d_model,) = Σ_j a[j] · row_j over ``active`` neurons; reads only those rows."""
         spec = KERNELS[self.m.kind]
-        if spec.sparse is not None:  # float rows: the float kernel reads them in place
+        kernel = spec.sparse or spec.sparse_blocks  # float rows, or Q8_0/Q4_0 blocks, read in place
+        if kernel is not None:
             y = np.empty(self.n_out, np.float32)
-            spec.sparse(self.m.data, a, active, y)
+            kernel(self.m.data, np.ascontiguousarray(a, dtype=np.float32), active, y)
             return y
         rows = self.m.rows_f32(active)  # (k, d_model) decoded from the active rows' blocks only
         return (a[active].astype(np.float64) @ rows.astype(np.float64)).astype(np.float32)

@@ -78,3 +78,24 @@ def test_standard_quantized_file_refuses_sparse_with_the_command(tmp_path):
     export_gguf(str(FIXTURES_DIR / "tiny-falcon-relu"), out, GGUFExportConfig("q8_0"))
     with pytest.raises(InvalidModelError, match="--sparse-down"):
         Model(out, mode="sparse")
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_k", "f16"])
+def test_neuron_rows_kernel_equals_gguf_dequantize(tmp_path, outtype):
+    """The sparse sum over neuron-major rows (numba kernel for Q8_0/Q4_0, row decoding for the
+    others, the float kernel for F16) against gguf-py's dequantized matrix."""
+    from runtime.sparse_down import NeuronRows
+    from runtime.weights import from_gguf_tensor
+
+    src = build_hf_model("llama", tmp_path / "src", hidden_size=256, intermediate_size=512, vocab_size=256)
+    out = tmp_path / "m.gguf"
+    export_gguf(str(src), out, GGUFExportConfig(outtype, sparse_down=True))
+    t = next(x for x in gguf.GGUFReader(str(out)).tensors if x.name == "blk.1.ffn_down.t")
+    W = gguf.dequantize(t.data, t.tensor_type).reshape(512, 256).astype(np.float64)
+    op = NeuronRows(from_gguf_tensor(t), t.name)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(512).astype(np.float32)
+    for active in (np.arange(512), np.sort(rng.choice(512, 37, replace=False)), np.array([5])):
+        active = active.astype(np.int64)
+        ref = a[active].astype(np.float64) @ W[active]
+        np.testing.assert_allclose(op.sparse_matvec(a, active), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
