@@ -89,6 +89,10 @@ def declared_quality(handle: ModelHandle) -> Quality | None:
             prov = _json(handle.store.field("aios.alias.provenance"))
             return _declared(float(after), float(before), (prov.get("source") or {}).get("name"),
                              prov.get("heldout") or {}, f"GGUF keys aios.alias.* of {handle.path.name}")
+        source = (_json(handle.store.field("aios.provenance")).get("source") or {}).get("name")
+        if isinstance(source, str) and source:  # a converted file names its source, no perplexities
+            return Quality(evidence=Evidence.declared, baseline=source,
+                           source=f"aios.provenance names the source; pass --baseline {source} to measure")
         return None
     if not handle.path.is_dir():
         return None

@@ -75,6 +75,8 @@ def quality_lines(report: CheckReport) -> list[str]:
     if q is None:
         return []
     ev = q.evidence.value
+    if q.perplexity is None and q.baseline_perplexity is None and q.max_ratio is None:
+        return [f"Quality: not measured; converted from {q.baseline} ({q.source})."]
     ppl = "—" if q.perplexity is None else f"{q.perplexity:.4f}"
     base = "—" if q.baseline_perplexity is None else f"{q.baseline_perplexity:.4f}"
     line = (f"Quality: held-out perplexity {ppl} ({ev}) vs {base} ({ev}) for the baseline "
@@ -150,7 +152,9 @@ def to_markdown(report: CheckReport, bench: dict | None = None) -> str:
             f"_{p.note}_",
         ]
     q = report.quality
-    if q is not None:
+    if q is not None and q.perplexity is None and q.baseline_perplexity is None and q.max_ratio is None:
+        lines += ["", *quality_lines(report)]
+    elif q is not None:
         def cell(v: float | None) -> str:
             return "—" if v is None else f"{v:.4f}"
 

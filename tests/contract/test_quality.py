@@ -71,3 +71,19 @@ def test_gguf_perplexity_runs_in_the_runtime(tmp_path):
     assert res.exit_code == 0, res.output
     q = json.loads((out / "aios-report.json").read_text())["quality"]
     assert q["evidence"] == "measured" and abs(q["perplexity"] - 51.6955) < 0.01 and q["met"] is True
+
+
+def test_a_converted_gguf_names_its_source(tmp_path):
+    """Without recorded perplexities a GGUF's provenance still names the source to compare with."""
+    from contract.quality import declared_quality
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    from aios.models import resolve_model
+
+    gguf = tmp_path / "q.gguf"
+    export_gguf("tiny-falcon", gguf, GGUFExportConfig("q8_0"))
+    q = declared_quality(resolve_model(str(gguf)))
+    assert q is not None and q.evidence.value == "declared" and q.baseline == "tiny-falcon"
+    assert q.perplexity is None and "--baseline tiny-falcon" in q.source
+    res = run(str(gguf), *FAST)
+    assert res.exit_code == 0 and "converted from tiny-falcon" in res.output
