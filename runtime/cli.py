@@ -138,15 +138,20 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--cachegrind-tokens", default="2,6", show_default=True,
               help="The two decode lengths whose difference gives the per-token slope.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None, help="Write aios-bench.json/.md here.")
+@click.option("--baseline-model", type=click.Path(dir_okay=False), default=None,
+              help="Run this GGUF before MODELS, so that it is the baseline of every measured reduction "
+                   "(e.g. the original model of a relufied one) instead of the first MODEL.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the full result as JSON (without -o).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
 def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
-          cachegrind, ll_size, cachegrind_tokens, out_dir, as_json, threads) -> None:
-    """Run MODELS side by side; the first run is the baseline for measured reductions."""
+          cachegrind, ll_size, cachegrind_tokens, out_dir, baseline_model, as_json, threads) -> None:
+    """Run MODELS side by side; the first run (or --baseline-model) is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench
     from runtime.bench import shares_weights, write_bench
 
-    res = run_bench(list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
+    if baseline_model:
+        _gguf_args(click.get_current_context(), None, (baseline_model,))  # type: ignore[arg-type]
+    res = run_bench(([baseline_model] if baseline_model else []) + list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
                     project=not no_project, predictor=predictor, cachegrind=cachegrind,
                     perplexity_tokens=perplexity_tokens,

@@ -158,3 +158,16 @@ def test_bench_skips_an_unsupported_file_mode_pair(exported):
                                     "-n", "2", "--prompt-tokens", "4"])
     assert res.exit_code == 0, res.output
     assert f"skipped: {q8.name} [sparse]" in res.stdout
+
+
+def test_bench_baseline_model_is_the_first_run(exported, tmp_path):
+    """--baseline-model: the original model is the baseline, not the relufied one run dense."""
+    original, _ = exported("tiny-falcon", "f32")
+    relu, _ = exported("tiny-falcon", "f32", relu=True)
+    out = tmp_path / "b"
+    res = CliRunner().invoke(main, ["bench", str(relu), "--baseline-model", str(original), "--modes", "dense,sparse",
+                                    "--no-project", "-n", "2", "--prompt-tokens", "4", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "aios-bench.json").read_text())
+    assert data["rows"][0]["file"].endswith(original.name) and data["rows"][0]["reduction_vs_baseline"] in (None, 0.0)
+    assert {r["file"].split("/")[-1] for r in data["rows"][1:]} == {relu.name}
