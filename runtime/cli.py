@@ -93,6 +93,15 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     )
 
 
+def _bench_progress(message: str, done: int, total: int) -> None:
+    """One stderr line per long step (cachegrind runs take minutes each; silent with --quiet)."""
+    from rich.markup import escape
+
+    from aios.cli_common import err_console
+
+    err_console.print(f"[dim]{escape(message)} ({done + 1}/{total})…[/]", soft_wrap=True)
+
+
 def _size(text: str) -> int:
     import re
 
@@ -156,6 +165,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                     project=not no_project, predictor=predictor, cachegrind=cachegrind,
                     perplexity_tokens=perplexity_tokens,
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens),
+                    progress=_bench_progress,
                     threads=threads)
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     ppl = perplexity_tokens > 0

@@ -82,6 +82,7 @@ def test_bench_cachegrind_columns_and_options(exported, tmp_path, monkeypatch):
                                     "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert calls == [("dense", 3, 7, 1 << 20), ("sparse", 3, 7, 1 << 20)]
+    assert "cachegrind" in res.stderr and "(2/2)" in res.stderr  # long runs show progress (issue 19.10)
     data = json.loads((out / "aios-bench.json").read_text())
     sp = data["rows"][1]
     assert sp["cachegrind_reduction_vs_baseline"] == 0.25
