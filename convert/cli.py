@@ -66,6 +66,21 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
                   f"{result.llama_cpp_status}")
 
 
+def _tenths(what: str):
+    """A (done, total) progress callback printing one stderr line per tenth (long runs in a log)."""
+    from aios.cli_common import err_console
+
+    shown = {-1}
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // max(1, total)
+        if tenth not in shown:
+            shown.add(tenth)
+            err_console.print(f"[dim]{what}: {done}/{total} texts[/]")
+
+    return progress
+
+
 @main.command("layout")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .gguf file.")
@@ -80,7 +95,8 @@ def layout_command(model: str, output: str, calibration: str | None, samples: in
     from convert.layout import LayoutConfig, layout_gguf
 
     console = make_console()
-    result = layout_gguf(model, output, LayoutConfig(calibration, samples, max_tokens))
+    result = layout_gguf(model, output, LayoutConfig(calibration, samples, max_tokens),
+                         progress=_tenths("layout: measuring access frequencies"))
     console.print("measured FFN read fraction per layer: "
                   + " ".join(f"{x:.3f}" for x in result.ffn_read_fraction))
     console.print(f"wrote {result.output} ({len(result.blocks)} blocks: {result.summary()}) "

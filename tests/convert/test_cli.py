@@ -43,3 +43,19 @@ def test_alias_warns_when_perplexity_gets_much_worse():
     assert quality_warning(48.9, 48.6) is None and quality_warning(48.9, 52.0) is None
     w = quality_warning(48.9, 250.0)
     assert w is not None and "5.11×" in w and "--baseline" in w
+
+
+def test_layout_shows_progress(tmp_path):
+    """layout on a big model ran silently for minutes (issue 19.10): it prints a line per tenth."""
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    src = tmp_path / "m.gguf"
+    export_gguf("tiny-falcon-relu", src, GGUFExportConfig("f32"))
+    res = CliRunner().invoke(main, ["layout", str(src), "--samples", "20", "--max-tokens", "8",
+                                    "-o", str(tmp_path / "o.gguf")])
+    assert res.exit_code == 0, res.output
+    lines = [x for x in res.stderr.splitlines() if x.startswith("layout: measuring")]
+    assert 2 <= len(lines) <= 11 and lines[-1].endswith("20/20 texts")
+    res = CliRunner().invoke(main, ["layout", str(src), "--samples", "20", "--max-tokens", "8", "-q",
+                                    "-o", str(tmp_path / "p.gguf")])
+    assert res.exit_code == 0 and "layout: measuring" not in res.stderr
