@@ -34,6 +34,7 @@ from runtime.generate import generate
 from runtime.model import Model
 from runtime.weights import BLOCK_TYPES, SUPPORTED_TYPES, Matrix
 from tests.conftest import build_hf_model
+from tests.runtime.test_llama_cpp_files import llama_cpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -112,21 +113,6 @@ def test_logits_equal_gguf_py_dequantization(files, key):
     ref = ref_model.forward(IDS, all_logits=True)
     err = np.abs(ours - ref).max() / np.abs(ref).max()
     assert err <= 1e-4, (key, err, dict(_types(path)))
-
-
-def llama_cpp_greedy(path, ids: list[int], n: int) -> list[int]:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, verbose=False,
-                          n_threads=2, type_k=0, type_v=0)
-    try:
-        out = []
-        llm.eval(ids)
-        for _ in range(n):
-            t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            out.append(t)
-            llm.eval([t])
-        return out
-    finally:
-        llm.close()
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-falcon"])
