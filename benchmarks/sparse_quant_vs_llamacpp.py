@@ -1,19 +1,24 @@
 """Benchmark: exact sparse decode on quantized weights vs llama.cpp's dense decode, one run.
 
-A random-init ReLU model at Llama-3.1-8B dimensions (d 4096, 32 query / 8 KV heads, d_ffn 14336;
---layers of them), built so most gate pre-activations are negative (positive residual stream,
-gate rows shifted by --gate-shift: ~90 % exact zeros, measured and printed) — a speed test of
-the sparse path at a known sparsity, not a quality claim. Files:
+A random-init ReLU model at Llama-3.1-8B dimensions (``--arch llama``: d 4096, 32 query / 8 KV
+heads, d_ffn 14336, gated) or Falcon-7B dimensions (``--arch falcon``: d 4544, 71 query heads,
+one KV head, d_ffn 18176, non-gated, parallel attention/MLP), --layers of them, built so most
+FFN pre-activations are negative (a positive input to the FFN, its first projection's rows
+shifted by --shift: ~90 % exact zeros, measured and printed) — a speed test of the sparse path
+at a known sparsity, not a quality claim. (llama.cpp hard-codes GELU for falcon and SiLU for
+llama, so its dense decode computes another activation on the same weights: a speed reference
+only.) Files:
 
 - ours: ``aios-convert gguf --outtype q8_0|q4_0 --sparse-down`` (down projections neuron-major),
-  run in ``--mode sparse`` (gate full, up rows of firing gates, down rows of nonzero products);
+  run in ``--mode sparse`` (gated: gate full, up rows of firing gates, down rows of nonzero
+  products; non-gated: up full, down rows of nonzero activations);
 - llama.cpp: its own Q4_K_M (``llama_model_quantize`` on our f16 export), run dense.
 
 Each comparison alternates the two sides for --rounds rounds and reports the median per-round
 tokens/s ratio beside every round (the machine is shared), plus the weight bytes per token our
 byte counter measured. Prints one JSON object; name the CPU (``lscpu``) beside any figure.
 
-    python benchmarks/sparse_quant_vs_llamacpp.py [--layers 2] [--tokens 16] [--rounds 3] [--keep DIR]
+    python benchmarks/sparse_quant_vs_llamacpp.py [--arch llama|falcon] [--layers 2] [--tokens 16] [--rounds 3] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +35,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runtime_vs_llamacpp import TOK, LlamaCpp, Ours, paired  # noqa: E402
 
 LLAMA_FTYPE_MOSTLY_Q4_K_M = 15  # llama.h's llama_ftype
+
+
+def build_falcon(folder: Path, layers: int, shift: float) -> None:
+    import torch
+    from transformers import AutoTokenizer, FalconConfig, FalconForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(TOK)
+    cfg = FalconConfig(hidden_size=4544, ffn_hidden_size=18176, num_hidden_layers=layers, num_attention_heads=71,
+                       multi_query=True, parallel_attn=True, new_decoder_architecture=False, bias=False,
+                       alibi=False, activation="relu", vocab_size=len(tok), tie_word_embeddings=True,
+                       max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = FalconForCausalLM(cfg).float()
+    with torch.no_grad():
+        for layer in model.transformer.h:
+            layer.input_layernorm.bias.fill_(1.0)  # LayerNorm centres x: its bias makes the FFN input positive
+            layer.mlp.dense_h_to_4h.weight.sub_(shift)  # most up pre-activations negative
+            layer.self_attention.dense.weight.mul_(0.1)
+            layer.mlp.dense_4h_to_h.weight.mul_(0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
 
 
 def build_model(folder: Path, layers: int, gate_shift: float) -> None:
@@ -57,7 +83,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--gate-shift", type=float, default=4.2e-4)
+    ap.add_argument("--arch", choices=("llama", "falcon"), default="llama")
+    ap.add_argument("--shift", type=float, default=None,
+                    help="Subtracted from the first FFN projection (default: ~90 %% zeros: 4.2e-4 llama, 5.4e-4 falcon).")
     ap.add_argument("--keep", type=Path, default=None)
     args = ap.parse_args()
     import llama_cpp
@@ -66,12 +94,16 @@ def main() -> None:
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="aios-sq-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    out: dict = {"dims": "Llama-3.1-8B (d 4096, 32/8 heads, d_ffn 14336)", "layers": args.layers,
-                 "tokens": args.tokens, "rounds": args.rounds}
+    dims = {"llama": "Llama-3.1-8B (d 4096, 32/8 heads, d_ffn 14336, gated)",
+            "falcon": "Falcon-7B (d 4544, 71/1 heads, d_ffn 18176, non-gated, parallel)"}[args.arch]
+    out: dict = {"dims": dims, "layers": args.layers, "tokens": args.tokens, "rounds": args.rounds}
     try:
         src = work / "relu-hf"
         if not src.exists():
-            build_model(src, args.layers, args.gate_shift)
+            if args.arch == "falcon":
+                build_falcon(src, args.layers, 5.4e-4 if args.shift is None else args.shift)
+            else:
+                build_model(src, args.layers, 4.2e-4 if args.shift is None else args.shift)
         f16 = work / "relu-f16.gguf"
         export_gguf(str(src), f16, GGUFExportConfig("f16"))
         ref = work / "relu-Q4_K_M.gguf"
