@@ -449,3 +449,51 @@ def test_aliased_folder_points_to_the_alias_exporter(tmp_path):
     res = CliRunner().invoke(main, ["gguf", "tiny-falcon-alias", "-o", str(out)])
     assert res.exit_code == 2 and "aios-convert alias tiny-falcon-alias --gguf" in res.stderr
     assert not out.exists()
+
+
+def tiktoken_style_tokenizer(folder: Path, regex: str) -> int:
+    """A Llama-3 / Qwen2-style byte-level BPE tokenizer.json (their Split regex, then ByteLevel
+    without its own regex), trained on the calibration texts; returns its vocabulary size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from aios.data import load_texts
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(load_texts(), trainers.BpeTrainer(
+        vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
+    return tok.get_vocab_size()
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2"])
+def test_tiktoken_style_tokenizers_in_llama_cpp(tmp_path, pre):
+    """Llama 3 and Qwen2/3 pre-tokenizers (digits split in threes or one by one) are written as
+    llama.cpp's pre-tokenizer names, and llama.cpp then tokenizes like the HF tokenizer, so
+    aios-run and llama.cpp can use the tokenizer stored in the GGUF."""
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+
+    from convert.gguf.tokenizer import KNOWN_SPLIT_REGEXES
+
+    regex = next(r for r, name in KNOWN_SPLIT_REGEXES.items() if name == pre)
+    folder = tmp_path / pre
+    folder.mkdir()
+    n = tiktoken_style_tokenizer(folder, regex)
+    build_hf_model("qwen2" if pre == "qwen2" else "llama", folder, vocab_size=n)
+    out = export(folder, tmp_path / f"{pre}.gguf", "q8_0")
+    r = gguf.GGUFReader(str(out))
+    assert r.get_field("tokenizer.ggml.model").contents() == "gpt2"
+    assert r.get_field("tokenizer.ggml.pre").contents() == pre
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    llm = Llama(model_path=str(out), vocab_only=True, verbose=False)
+    try:
+        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line 1234567 x=42;"]:
+            assert llm.tokenize(text.encode(), add_bos=False, special=False) == hf.encode(text).ids, text
+    finally:
+        llm.close()
