@@ -200,15 +200,17 @@ def test_llama_cpp_tokenizes_like_transformers(f32_exports, name):
         llm.close()
 
 
-def spm_style_tokenizer(folder: Path) -> int:
+def spm_style_tokenizer(folder: Path, prefix_space: bool = True) -> int:
     """A Llama-2-style tokenizer.json (BPE with byte fallback, ▁ word marks, <s> added),
-    trained on the calibration texts; returns its vocabulary size."""
+    trained on the calibration texts; returns its vocabulary size. ``prefix_space=False``: no
+    ▁ before the first word, as Gemma's vocabularies do."""
     from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
 
     from aios.data import load_texts
 
     base = Tokenizer(models.BPE())
-    base.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    base.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")] if prefix_space
+                                           else [normalizers.Replace(" ", "▁")])
     base.train_from_iterator(load_texts(), trainers.BpeTrainer(vocab_size=900, limit_alphabet=150))
     spec = json.loads(base.to_str())
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{i:02X}>": 3 + i for i in range(256)}
@@ -217,8 +219,9 @@ def spm_style_tokenizer(folder: Path) -> int:
     spec["model"].update(vocab=vocab, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
     spec["added_tokens"] = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
                              "normalized": False, "special": True} for c, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))]
-    spec["decoder"] = json.loads(decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)]).__getstate__())
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    spec["decoder"] = json.loads(decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix_space else []))
+                                 .__getstate__())
     spec["post_processor"] = json.loads(processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]).__getstate__())
     (folder / "tokenizer.json").write_text(json.dumps(spec))
@@ -495,5 +498,29 @@ def test_tiktoken_style_tokenizers_in_llama_cpp(tmp_path, pre):
     try:
         for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line 1234567 x=42;"]:
             assert llm.tokenize(text.encode(), add_bos=False, special=False) == hf.encode(text).ids, text
+    finally:
+        llm.close()
+
+
+def test_gemma_style_tokenizer_in_llama_cpp(tmp_path):
+    """A Gemma-style vocabulary (SentencePiece BPE with byte fallback and no ▁ before the first
+    word) on a Gemma 3 model: written as llama.cpp's "llama" tokenizer without a space prefix,
+    and llama.cpp tokenizes like HF."""
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+
+    folder = tmp_path / "gemma-tok"
+    folder.mkdir()
+    n = spm_style_tokenizer(folder, prefix_space=False)
+    build_hf_model("gemma3", folder, vocab_size=n)
+    out = export(folder, tmp_path / "g.gguf", "q8_0")
+    r = gguf.GGUFReader(str(out))
+    assert r.get_field("tokenizer.ggml.model").contents() == "llama"
+    assert r.get_field("tokenizer.ggml.add_space_prefix").contents() is False
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    llm = Llama(model_path=str(out), vocab_only=True, verbose=False)
+    try:
+        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line"]:
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == hf.encode(text).ids, text
     finally:
         llm.close()
