@@ -200,6 +200,21 @@ def test_llama_cpp_tokenizes_like_transformers(f32_exports, name):
         llm.close()
 
 
+def assert_llama_cpp_tokenizes_like_hf(gguf_path: Path, folder: Path, *, add_bos: bool, extra: str = "") -> None:
+    """llama.cpp, reading the vocabulary stored in ``gguf_path``, tokenizes held-out and
+    multilingual text exactly as the HF ``tokenizer.json`` in ``folder`` does."""
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    llm = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+    try:
+        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line" + extra]:
+            assert llm.tokenize(text.encode(), add_bos=add_bos, special=False) == hf.encode(text).ids, text
+    finally:
+        llm.close()
+
+
 def spm_style_tokenizer(folder: Path, prefix_space: bool = True) -> int:
     """A Llama-2-style tokenizer.json (BPE with byte fallback, ▁ word marks, <s> added),
     trained on the calibration texts; returns its vocabulary size. ``prefix_space=False``: no
@@ -233,8 +248,6 @@ def spm_style_tokenizer(folder: Path, prefix_space: bool = True) -> int:
 def test_sentencepiece_style_tokenizer_in_llama_cpp(tmp_path):
     """Llama-2/Mistral tokenizers (byte fallback) become llama.cpp's "llama" tokenizer with
     merge-rank scores; llama.cpp then tokenizes (BOS, bytes, multilingual text) like HF."""
-    from llama_cpp import Llama
-    from tokenizers import Tokenizer
 
     folder = tmp_path / "spm"
     folder.mkdir()
@@ -244,13 +257,7 @@ def test_sentencepiece_style_tokenizer_in_llama_cpp(tmp_path):
     r = gguf.GGUFReader(str(out))
     assert r.get_field("tokenizer.ggml.model").contents() == "llama"
     assert r.get_field("tokenizer.ggml.add_bos_token").contents() is True
-    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    llm = Llama(model_path=str(out), vocab_only=True, verbose=False)
-    try:
-        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line"]:
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == hf.encode(text).ids
-    finally:
-        llm.close()
+    assert_llama_cpp_tokenizes_like_hf(out, folder, add_bos=True)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "falcon-new-decoder", "qwen2", "qwen3", "llama3", "gemma3", "gemma2", "phi3"])
@@ -479,8 +486,6 @@ def test_tiktoken_style_tokenizers_in_llama_cpp(tmp_path, pre):
     """Llama 3 and Qwen2/3 pre-tokenizers (digits split in threes or one by one) are written as
     llama.cpp's pre-tokenizer names, and llama.cpp then tokenizes like the HF tokenizer, so
     aios-run and llama.cpp can use the tokenizer stored in the GGUF."""
-    from llama_cpp import Llama
-    from tokenizers import Tokenizer
 
     from convert.gguf.tokenizer import KNOWN_SPLIT_REGEXES
 
@@ -493,21 +498,13 @@ def test_tiktoken_style_tokenizers_in_llama_cpp(tmp_path, pre):
     r = gguf.GGUFReader(str(out))
     assert r.get_field("tokenizer.ggml.model").contents() == "gpt2"
     assert r.get_field("tokenizer.ggml.pre").contents() == pre
-    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    llm = Llama(model_path=str(out), vocab_only=True, verbose=False)
-    try:
-        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line 1234567 x=42;"]:
-            assert llm.tokenize(text.encode(), add_bos=False, special=False) == hf.encode(text).ids, text
-    finally:
-        llm.close()
+    assert_llama_cpp_tokenizes_like_hf(out, folder, add_bos=False, extra=" 1234567 x=42;")
 
 
 def test_gemma_style_tokenizer_in_llama_cpp(tmp_path):
     """A Gemma-style vocabulary (SentencePiece BPE with byte fallback and no ▁ before the first
     word) on a Gemma 3 model: written as llama.cpp's "llama" tokenizer without a space prefix,
     and llama.cpp tokenizes like HF."""
-    from llama_cpp import Llama
-    from tokenizers import Tokenizer
 
     folder = tmp_path / "gemma-tok"
     folder.mkdir()
@@ -517,10 +514,4 @@ def test_gemma_style_tokenizer_in_llama_cpp(tmp_path):
     r = gguf.GGUFReader(str(out))
     assert r.get_field("tokenizer.ggml.model").contents() == "llama"
     assert r.get_field("tokenizer.ggml.add_space_prefix").contents() is False
-    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    llm = Llama(model_path=str(out), vocab_only=True, verbose=False)
-    try:
-        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line"]:
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == hf.encode(text).ids, text
-    finally:
-        llm.close()
+    assert_llama_cpp_tokenizes_like_hf(out, folder, add_bos=True)
