@@ -116,34 +116,64 @@ def _relufy_default(name: str):
               help="Output HF folder (must not exist; work state goes to OUT.partial/).")
 @click.option("--activation", default="relu", show_default=True,
               help="relu or relu2 (fatrelu:T is refused: stock transformers cannot load it).")
-@click.option("--train-data", type=click.Path(dir_okay=False), default=None,
-              help="JSONL (text field) or TXT fine-tuning text (default: the fixtures' pydoc train split).")
+@click.option("--train-data", default=None, metavar="PATH|DIR|GLOB",
+              help="JSONL (text field), TXT or Parquet (text column) corpus, streamed: a file, a "
+                   "folder or a glob (default: the fixtures' pydoc train split).")
+@click.option("--heldout-data", type=click.Path(dir_okay=False), default=None,
+              help="JSONL/TXT held-out text for perplexity (default: the pydoc held-out split).")
 @click.option("--steps", type=int, default=_relufy_default("steps"), show_default=True,
-              help="Fine-tuning steps after the activation swap (each of --batch windows of --seq-len tokens).")
+              help="Optimisation steps after the activation swap.")
+@click.option("--tokens", default=None, metavar="N",
+              help="Token budget instead of --steps (2B, 500M, 64k): steps = N / global batch tokens.")
 @click.option("--lr", type=float, default=_relufy_default("lr"), show_default=True, help="Peak learning rate.")
-@click.option("--batch", type=int, default=_relufy_default("batch"), show_default=True, help="Windows per step.")
+@click.option("--batch", type=int, default=_relufy_default("batch"), show_default=True,
+              help="Global batch in windows per step, over all processes.")
+@click.option("--batch-tokens", type=int, default=None,
+              help="Global batch in tokens instead of --batch (a multiple of --seq-len).")
+@click.option("--micro-batch", type=int, default=None,
+              help="Windows per forward pass per process; the rest is gradient accumulation "
+                   "[default: the process's whole share].")
 @click.option("--seq-len", type=int, default=_relufy_default("seq_len"), show_default=True,
               help="Tokens per training window.")
 @click.option("--l1", type=float, default=_relufy_default("l1"), show_default=True,
               help="Final weight of the progressive activation-L1 penalty (0 = off).")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="cuda trains with bf16 autocast.")
+@click.option("--gradient-checkpointing", is_flag=True,
+              help="Recompute activations in the backward pass (less memory, ~30 %% more compute).")
+@click.option("--checkpoint-every", type=int, default=50, show_default=True,
+              help="Steps between checkpoints in OUT.partial/ (0: none).")
 @click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True,
               help="Seed of the data order and initialisation (same seed, same output).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run kept in OUT.partial/.")
 def relufy_command(model: str, out: str, activation: str, train_data: str | None, resume: bool,
-                   device: str, **options) -> None:
-    """Swap MODEL's FFN activation to ReLU and fine-tune to recover (R1)."""
+                   device: str, heldout_data: str | None, tokens: str | None,
+                   batch_tokens: int | None, micro_batch: int | None, gradient_checkpointing: bool,
+                   checkpoint_every: int, **options) -> None:
+    """Swap MODEL's FFN activation to ReLU and fine-tune to recover (R1).
+
+    Runs on one device as is; under `accelerate launch` or `torchrun` on every process they
+    start (DDP, or FSDP from an accelerate config), rank 0 reporting and writing OUT.
+    """
     from dataclasses import replace
 
+    from aios.errors import UsageError
     from convert.relufy import RelufyConfig, parse_activation, relufy
     from convert.relufy_cli import relufy_progress, render_relufy
 
+    if batch_tokens is not None:
+        if batch_tokens % options["seq_len"]:
+            raise UsageError(f"--batch-tokens {batch_tokens} is not a multiple of --seq-len "
+                             f"{options['seq_len']}.")
+        options["batch"] = batch_tokens // options["seq_len"]
     cfg = replace(RelufyConfig(), activation=parse_activation(activation), **options)
     with relufy_progress() as progress:
         result = relufy(model, out, cfg, train_data=train_data, device=device, resume=resume,
-                        progress=progress)
-    render_relufy(result)
+                        progress=progress, micro_batch=micro_batch, heldout_data=heldout_data,
+                        gradient_checkpointing=gradient_checkpointing, tokens=tokens,
+                        checkpoint_every=checkpoint_every)
+    if result.is_main:
+        render_relufy(result)
 
 
 def refuse_smooth_activation(model: str) -> None:
@@ -297,3 +327,7 @@ def svd_residual_command(model: str, output: str, rank: str | None, calibration:
         result.measured = evaluate_gguf(result.output, eval_tokens=eval_tokens)
     write_report(result)
     render(result)
+
+
+if __name__ == "__main__":  # `accelerate launch -m convert.cli relufy ...`, `torchrun -m ...`
+    main()

@@ -49,9 +49,7 @@ def heldout_perplexity(model: torch.nn.Module, heldout: TokenSet) -> float:
 
 def exact_zero_activity(handle: ModelHandle, model: torch.nn.Module, tokenizer,
                         texts: list[str] | None = None) -> FfnActivity:
-    """R1 statistics by the checker's code (bundled calibration prompts by default).
-
-    The model must be on the CPU (the checker's code feeds CPU tensors).
-    """
+    """R1 statistics by the checker's code (bundled calibration prompts by default), on the
+    model's own device."""
     return measure_ffn_activity(handle, texts if texts is not None else load_texts(),
                                 max_tokens=R1_MAX_TOKENS, model=model, tokenizer=tokenizer)

@@ -27,15 +27,29 @@ Choices
   (``convert/evaluation.py``). By default the training text is the fixtures' train split of
   ``pydoc_data.topics``, which never overlaps the held-out topics; ``--train-data`` replaces it.
 
+Scale: processes, data, precision
+---------------------------------
+The fine-tune runs on ``accelerate`` (``convert/engine.py``): started plainly it is one
+process on one device; ``accelerate launch`` / ``torchrun`` run the same command as DDP on
+several CPUs (gloo), GPUs or nodes, or FSDP from an accelerate config (docs/commands.md has
+the exact commands). ``batch`` is the *global* batch in windows (``--batch-tokens`` gives it in
+tokens), split over the processes and ``micro_batch``-window micro-batches with gradient
+accumulation; the update does not depend on that split. The activation-L1 density weights
+are reduced over all processes. ``--train-data`` streams JSONL/TXT/Parquet files, folders
+or globs through ``datasets`` (``convert/train_data.py``); ``--tokens`` sets the step count
+from a token budget; ``--heldout-data`` replaces the held-out text.
+
 Files, interruption and resume
 ------------------------------
-The run keeps its state in ``OUT.partial/checkpoint.pt`` (weights, AdamW state, data-order
-generator, step, metrics so far), written atomically every ``checkpoint_every`` steps.
-Ctrl-C (or a crash) leaves that folder and nothing under ``OUT``; ``--resume`` continues from
-it and gives the same weights as an uninterrupted run. The output is built in a temporary
-sibling folder and renamed to ``OUT`` in one step; the work folder is removed afterwards.
-Same model, data, config and seed → byte-identical output folder (on the same device and
-thread count). Wall time is returned and printed, never written into the artifact.
+The run keeps its state in ``OUT.partial/checkpoint-STEP/`` (``accelerator.save_state``:
+weights, AdamW state, the RNG of every rank; plus each rank's data position and rank 0's
+step, metrics and logs), written every ``checkpoint_every`` steps; ``OUT.partial/latest``
+names the last complete one. Ctrl-C, a crash or the kill of any rank leaves that folder and
+nothing under ``OUT``; ``--resume`` (same number of processes) continues from it and gives the
+same weights as an uninterrupted run. The output is built by rank 0 in a temporary sibling
+folder and renamed to ``OUT`` in one step; the work folder is removed afterwards. Same model,
+data, config and seed → identical weights and provenance (on the same device, process count
+and thread count), except the provenance's ``throughput`` block, which is measured wall time.
 """
 
 from __future__ import annotations
@@ -48,14 +62,13 @@ from typing import Any
 from aios.errors import UsageError
 from convert.relufy_config import (
     ACTIVATIONS,
-    CHECKPOINT_FILE,
     CONFIG_VERSION,
     PROVENANCE_FILE,
     ProgressFn,
     RelufyConfig,
 )
 
-__all__ = ["ACTIVATIONS", "CHECKPOINT_FILE", "CONFIG_VERSION", "PROVENANCE_FILE", "ProgressFn",
+__all__ = ["ACTIVATIONS", "CONFIG_VERSION", "PROVENANCE_FILE", "ProgressFn",
            "RelufyConfig", "RelufyResult", "parse_activation", "relufy"]
 
 
@@ -78,6 +91,7 @@ class RelufyResult:
     provenance: dict[str, Any]
     seconds: float  # wall time of this invocation (not stored in the artifact)
     resumed_from: int | None = None  # step a resumed run continued from
+    is_main: bool = True  # False on the other processes of a distributed run (they write nothing)
 
 
 def _quiet(_event: str, **_info: Any) -> None:
@@ -87,24 +101,38 @@ def _quiet(_event: str, **_info: Any) -> None:
 def relufy(model: str, out: str | Path, config: RelufyConfig | None = None, *,
            train_data: str | Path | None = None, device: str | None = None,
            resume: bool = False, checkpoint_every: int = 50, eval_every: int = 0,
-           calibration_samples: int | None = None, progress: ProgressFn = _quiet) -> RelufyResult:
+           calibration_samples: int | None = None, progress: ProgressFn = _quiet,
+           micro_batch: int | None = None, heldout_data: str | Path | None = None,
+           gradient_checkpointing: bool = False, tokens: int | str | None = None) -> RelufyResult:
     """Relufy ``model`` into the HF folder ``out``; library entry point of ``aios-convert relufy``.
 
     ``eval_every`` > 0 also measures held-out perplexity and exact zeros every that many
     steps (recorded as ``curve`` in the provenance; costs time, does not change the weights).
     ``calibration_samples`` limits the calibration prompts used for the sparsity numbers
-    (default: all 241, as ``aios-contract check``).
+    (default: all 241, as ``aios-contract check``). ``micro_batch``: windows per forward pass
+    per process (default: the process's whole share of the global batch). ``tokens``: a token
+    budget (``2B``, ``500M``) that replaces ``config.steps`` by ceil(tokens / global batch tokens).
     """
+    from dataclasses import replace
+
+    from convert.engine import parse_tokens, steps_for
     from convert.relufy_run import run
 
     cfg = config or RelufyConfig()
+    budget = None
+    if tokens is not None:
+        budget = parse_tokens(str(tokens))
+        cfg = replace(cfg, steps=steps_for(budget, cfg.batch, cfg.seq_len))
     cfg.validate()
     if checkpoint_every < 0 or eval_every < 0:
         raise UsageError("checkpoint_every and eval_every must be ≥ 0.")
     t0 = time.perf_counter()
     out = Path(out).expanduser().absolute()
-    provenance, resumed_from = run(model, out, cfg, train_data=train_data, device=device,
+    provenance, resumed_from, is_main = run(model, out, cfg, train_data=train_data, device=device,
                                    resume=resume, checkpoint_every=checkpoint_every,
                                    eval_every=eval_every, calibration_samples=calibration_samples,
-                                   progress=progress)
-    return RelufyResult(out, provenance, time.perf_counter() - t0, resumed_from)
+                                   progress=progress, micro_batch=micro_batch,
+                                   heldout_data=heldout_data,
+                                   gradient_checkpointing=gradient_checkpointing,
+                                   token_budget=budget)
+    return RelufyResult(out, provenance, time.perf_counter() - t0, resumed_from, is_main)

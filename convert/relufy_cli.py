@@ -25,7 +25,8 @@ def relufy_progress() -> Iterator[ProgressFn]:
     """A progress callback: phases as lines, training steps as a bar with running loss, ppl, ETA."""
     bar = Progress(TextColumn("[bold]fine-tune"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("loss {task.fields[loss]}  ppl {task.fields[ppl]}  "
-                              "zeros {task.fields[zeros]}  λ {task.fields[l1]}"),
+                              "zeros {task.fields[zeros]}  λ {task.fields[l1]}  "
+                              "{task.fields[rate]} tok/s{task.fields[mfu]}"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                    console=err_console, transient=False)
     task: list[Any] = []
@@ -40,8 +41,11 @@ def relufy_progress() -> Iterator[ProgressFn]:
         elif event == "step":
             s = info["stats"]
             running[:] = [s.loss if not running else 0.9 * running[0] + 0.1 * s.loss]
+            mfu = info.get("mfu")
             fields = dict(loss=f"{running[0]:.3f}", ppl=f"{math.exp(min(running[0], 50)):.1f}",
-                          zeros=f"{s.zero_fraction:.3f}", l1=f"{s.l1:.3g}")
+                          zeros=f"{s.zero_fraction:.3f}", l1=f"{s.l1:.3g}",
+                          rate=f"{info.get('tokens_per_second', 0):,.0f}",
+                          mfu=f"  MFU {mfu:.1%}" if mfu is not None else "")
             if not task:
                 task.append(bar.add_task("fine-tune", total=info["total"], completed=s.step, **fields))
             bar.update(task[0], completed=s.step + 1, **fields)
@@ -68,5 +72,10 @@ def render_relufy(result: RelufyResult) -> None:
     per_layer = " ".join(f"{x:.3f}" for x in m["after"]["per_layer_exact_zero_fraction"])
     console.print(f"per-layer exact zeros: {per_layer}")
     resumed = f", resumed from step {result.resumed_from}" if result.resumed_from is not None else ""
+    t, tp = p["training"], p["throughput"]
+    mfu = f", MFU {tp['mfu']:.1%}" if tp.get("mfu") is not None else ""
+    console.print(f"trained on {t['world_size']} process{'es' if t['world_size'] > 1 else ''} "
+                  f"({p['runtime']['device']}, {t['precision']}): {t['tokens_seen']:,} tokens, "
+                  f"{tp['tokens_per_second']:,.0f} tok/s{mfu}")
     console.print(f"wrote {result.out} ({p['steps']} steps{resumed}, {result.seconds:.1f} s); "
                   f"check it with `aios-contract check {result.out}`")

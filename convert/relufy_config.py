@@ -12,11 +12,10 @@ from typing import Any, Callable
 
 from aios.errors import UsageError
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2  # 2: density weights of the L1 penalty lag one step (engine)
 ACTIVATIONS = ("relu", "relu2")
 DEVICES = ("auto", "cpu", "cuda")  # where the fine-tune runs; auto: cuda when torch sees one
 PROVENANCE_FILE = "aios_relufy.json"
-CHECKPOINT_FILE = "checkpoint.pt"
 
 
 @dataclass(frozen=True)

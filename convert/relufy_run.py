@@ -1,7 +1,10 @@
 """The relufy run: validation, model and data loading, the work folder, measurement, output.
 
-Orchestration only; the optimisation math is in ``convert/training.py`` and the public
-entry point and config in ``convert/relufy.py`` (read its docstring first).
+Orchestration only; the optimisation math is in ``convert/training.py``, the distributed
+engine (accelerate, micro-batches, checkpoints) in ``convert/engine.py``, the data in
+``convert/train_data.py``, and the public entry point and config in ``convert/relufy.py``
+(read its docstring first). Every process runs this same code; rank 0 alone reports progress
+and writes the output.
 """
 
 from __future__ import annotations
@@ -12,20 +15,21 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from aios import CONTRACT_VERSION, __version__
 from aios.data import CALIBRATION_FILE, load_texts, texts_sha256
-from aios.data import BadTextFileError
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.evaluation import TokenSet, file_tokens, pydoc_split
 from aios.io import hash_file, write_atomic
 from aios.models import ModelHandle, resolve_model
+from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
-from convert.relufy_config import CHECKPOINT_FILE, DEVICES, PROVENANCE_FILE, ProgressFn, RelufyConfig
+from convert.relufy_config import PROVENANCE_FILE, ProgressFn, RelufyConfig
+from convert.train_data import Prefetcher, RandomWindows, StreamedWindows, WindowSource
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model",
@@ -83,185 +87,225 @@ def _load_swapped(handle: ModelHandle, activation: str, device: torch.device):
 
 
 def _measure(handle, model, tokenizer, heldout: TokenSet, calib: list[str]) -> dict[str, Any]:
-    device = next(model.parameters()).device
+    """Held-out perplexity and R1's exact zeros, on the model's own device."""
+    was_training = model.training
+    model.eval()
     ppl = ev.heldout_perplexity(model, heldout)
-    stats = ev.exact_zero_activity(handle, model.cpu(), tokenizer, calib)
-    model.to(device)
+    stats = ev.exact_zero_activity(handle, model, tokenizer, calib)
+    model.train(was_training)
     return {"heldout_perplexity": round(ppl, 4),
             "mean_exact_zero_fraction": round(stats.mean_zero_fraction, 6),
             "per_layer_exact_zero_fraction": [round(float(x), 6) for x in stats.zero_fraction]}
 
 
-def _batches(ids: torch.Tensor, cfg: RelufyConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
-    while True:
-        yield tr.random_windows(ids, cfg.batch, cfg.seq_len, gen)
-
-
-def _save_checkpoint(work: Path, state: dict[str, Any]) -> None:
-    tmp = work / (CHECKPOINT_FILE + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, work / CHECKPOINT_FILE)
-
-
-def _open_work(out: Path, resume: bool, identity: dict[str, Any], progress: ProgressFn):
-    """The work folder and, when resuming, its checkpoint (or None for a fresh start)."""
+def _check_work(out: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from (None: fresh start); refuses what would lose work."""
     work = partial_dir(out)
-    ckpt = work / CHECKPOINT_FILE
     if out.exists():
         raise UsageError(f"{out} already exists; choose another output path or remove it.")
-    if not resume:
-        if work.exists():
-            raise UsageError(f"{work} holds an interrupted run; rerun with --resume to continue "
-                             "it, or delete that folder to start over.")
-        work.mkdir(parents=True)
-        return work, None
-    if not ckpt.is_file():
-        progress("phase", message=f"--resume: no checkpoint in {work}; starting from scratch")
-        work.mkdir(parents=True, exist_ok=True)
-        return work, None
-    try:
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    except Exception as e:  # a torn or foreign file: say so, keep it for inspection
-        raise InvalidModelError(f"{ckpt} cannot be read ({e.__class__.__name__}); delete "
-                                f"{work} to start over.") from e
-    what = {"config": "configuration", "source_sha256": "source model",
-            "train_sha256": "training data", "calibration_sha256": "calibration set"}
+    if not resume and work.exists():
+        raise UsageError(f"{work} holds an interrupted run; rerun with --resume to continue "
+                         "it, or delete that folder to start over.")
+    return eng.latest_checkpoint(work) if resume else None
+
+
+def _check_identity(ckpt: Path, state: dict, identity: dict[str, Any], world: int) -> None:
+    what = {"config": "config", "source_sha256": "source model", "train": "training data",
+            "calibration_sha256": "calibration set", "heldout_sha256": "held-out text"}
     for key, value in identity.items():
         if state["identity"].get(key) != value:
-            raise UsageError(f"The interrupted run in {work} used a different {what[key]}; rerun "
-                             f"with the same model, data and options, or delete {work} to start over.")
-    return work, state
+            raise UsageError(f"The interrupted run in {ckpt.parent} used a different {what[key]}; "
+                             f"rerun with the same model, data and options, or delete "
+                             f"{ckpt.parent} to start over.")
+    if state["world_size"] != world:
+        raise UsageError(f"The interrupted run in {ckpt.parent} ran on {state['world_size']} "
+                         f"processes; resume it with {state['world_size']} (this is {world}).")
 
 
-def _train_tokens(tokenizer, train_data, seq_len: int) -> TokenSet:
-    tokens = file_tokens(tokenizer, train_data) if train_data else pydoc_split(tokenizer, "train")
-    if len(tokens.ids) <= seq_len:
-        raise BadTextFileError(f"Training text {tokens.source} has {len(tokens.ids)} tokens; "
-                               f"at least {seq_len + 1} are needed (or lower --seq-len).")
-    return tokens
+def _source(tokenizer, train_data, cfg: RelufyConfig, dist: eng.Dist) -> WindowSource:
+    """The run's data; a streamed corpus is probed for its first window by a throwaway reader,
+    so unreadable or too-short data is refused before any work folder exists."""
+    if train_data is None:
+        return RandomWindows(pydoc_split(tokenizer, "train"), cfg.seq_len, cfg.seed, dist.rank,
+                             dist.world)
+    StreamedWindows(train_data, tokenizer, cfg.seq_len, cfg.seed, dist.rank, dist.world,
+                    shuffle_windows=1).next_batch(1)
+    return StreamedWindows(train_data, tokenizer, cfg.seq_len, cfg.seed, dist.rank, dist.world)
 
 
-def _pick_device(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in DEVICES[1:]:  # DEVICES = ("auto", "cpu", "cuda")
-        raise UsageError(f"Unknown device '{device}'; choose {' or '.join(DEVICES[1:])}.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was requested but torch sees no CUDA GPU.")
-    return torch.device(device)
-
-
-def _autocast_dtype(dev: torch.device) -> torch.dtype | None:
-    """bf16 mixed precision on GPUs that support it; full fp32 on CPU."""
-    return torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else None
+def _train_identity(source: WindowSource) -> dict[str, Any]:
+    d = source.describe()
+    return {k: d[k] for k in ("source", "texts_sha256", "fingerprint") if k in d}
 
 
 def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, resume: bool,
         checkpoint_every: int, eval_every: int, calibration_samples: int | None,
-        progress: ProgressFn) -> tuple[dict, int | None]:
-    dev = _pick_device(device)
+        progress: ProgressFn, micro_batch: int | None = None, heldout_data=None,
+        gradient_checkpointing: bool = False,
+        token_budget: int | None = None) -> tuple[dict, int | None, bool]:
+    dist = eng.start(device)
+    if not dist.is_main:  # one progress display: rank 0's
+        progress = _quiet
+    per_rank, accum, micro = eng.batch_plan(cfg.batch, dist.world, micro_batch)
     handle = resolve_model(model_spec)
     _check_source(handle)
     tokenizer = handle.load_tokenizer()
-    train = _train_tokens(tokenizer, train_data, cfg.seq_len)
-    heldout = pydoc_split(tokenizer, "heldout")
+    source = _source(tokenizer, train_data, cfg, dist)
+    heldout = file_tokens(tokenizer, heldout_data) if heldout_data else pydoc_split(tokenizer, "heldout")
     calib = load_texts(limit=calibration_samples)
     identity = {"config": cfg.to_dict(), "source_sha256": source_sha256(handle),
-                "train_sha256": train.sha256, "calibration_sha256": texts_sha256(calib)}
-    work, state = _open_work(out, resume, identity, progress)
+                "train": _train_identity(source), "calibration_sha256": texts_sha256(calib),
+                "heldout_sha256": heldout.sha256}
+    ckpt = _check_work(out, resume)
+    work = partial_dir(out)
+    state = None
+    if ckpt is not None:
+        state = eng.read_run_state(ckpt)
+        _check_identity(ckpt, state, identity, dist.world)
+    elif resume:
+        progress("phase", message=f"--resume: no checkpoint in {work}; starting from scratch")
+    dist.barrier()
+    if dist.is_main:
+        work.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    log: list[dict] = []
-    curve: list[dict] = []
     if state is None:
-        progress("phase", message="measuring the source model")
-        original = handle.load_torch(dtype="float32")
-        metrics = {"before": _measure(handle, original.to(dev), tokenizer, heldout, calib)}
+        progress("phase", message=f"measuring the source model on {dist.device.type}")
+        original = handle.load_torch(dtype="float32").to(dist.device)
+        metrics = {"before": _measure(handle, original, tokenizer, heldout, calib)}
         del original
-    model, act_key = _load_swapped(handle, cfg.activation, dev)
-    opt = tr.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    if state is None:
-        progress("phase", message=f"measuring after the swap to {cfg.activation}")
-        metrics["after_swap"] = _measure(handle, model, tokenizer, heldout, calib)
-        first = 0
-    else:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        metrics, log, curve, first = state["metrics"], state["log"], state["curve"], state["step"]
-        progress("phase", message=f"resuming from step {first} of {cfg.steps}")
-
-    saved = [first]
-
-    def checkpoint(step: int) -> None:
-        saved[0] = step
-        _save_checkpoint(work, {"identity": identity, "step": step, "model": model.state_dict(),
-                                "optimizer": opt.state_dict(), "generator": gen.get_state(),
-                                "torch_rng": torch.get_rng_state(), "metrics": metrics,
-                                "log": log, "curve": curve})
-
-    if state is None and checkpoint_every:
-        checkpoint(0)
-    try:
-        train_loop(model, opt, handle, cfg, dev, _batches(train.ids, cfg, gen), first, log, curve,
-                   checkpoint if checkpoint_every else None, checkpoint_every, eval_every,
-                   lambda: _measure(handle, model, tokenizer, heldout, calib), progress)
-    except KeyboardInterrupt:
-        if checkpoint_every:
-            progress("phase", message=f"checkpoint of step {saved[0]} kept in {work}; "
-                                      "rerun with --resume to continue")
-        raise
-    progress("phase", message="measuring the fine-tuned model")
-    metrics["after"] = _measure(handle, model, tokenizer, heldout, calib)
-    metrics["perplexity_ratio"] = round(metrics["after"]["heldout_perplexity"]
-                                        / metrics["before"]["heldout_perplexity"], 4)
-    provenance = _provenance(handle, cfg, act_key, identity, train, heldout, calib, metrics,
-                             log, curve, dev)
-    _write_output(handle, model.cpu(), tokenizer, out, provenance)
-    shutil.rmtree(work, ignore_errors=True)
-    return provenance, (first if state is not None else None)
-
-
-def train_loop(model, opt, handle: ModelHandle, cfg: RelufyConfig, dev: torch.device, batches,
-               first: int, log: list, curve: list, checkpoint, checkpoint_every: int,
-               eval_every: int, measure, progress: ProgressFn) -> None:
-    """Steps ``first`` … ``cfg.steps - 1`` in segments between checkpoints / evaluations."""
+    model, act_key = _load_swapped(handle, cfg.activation, torch.device("cpu"))
     downs = [model.get_submodule(handle.arch.block(i, handle.arch.ffn_down))
              for i in range(handle.facts.n_layers)]
+    flops = eng.flops_per_token(model, handle.facts.n_layers, handle.facts.d_model, cfg.seq_len)
+    model, opt = eng.prepare(dist, model, lambda m: eng.make_optimizer(m, cfg.lr, cfg.weight_decay,
+                                                                      dist.device),
+                             gradient_checkpointing)
+    plain = dist.acc.unwrap_model(model)
+    if state is None:
+        progress("phase", message=f"measuring after the swap to {cfg.activation}")
+        metrics["after_swap"] = _measure(handle, plain, tokenizer, heldout, calib)
+        run_state = {"identity": identity, "step": 0, "metrics": metrics, "log": [], "curve": [],
+                     "density": None, "tokens_seen": 0}
+    else:
+        source.load_state_dict(eng.load_checkpoint(dist, ckpt))
+        run_state = state
+        progress("phase", message=f"resuming from step {state['step']} of {cfg.steps}")
+    first = run_state["step"]
+
+    if state is None and checkpoint_every:
+        eng.save_checkpoint(dist, work, 0, run_state, source.state_dict())
+    progress("phase", message=_describe_run(dist, cfg, per_rank, accum, micro))
+    throughput = train_loop(model, opt, downs, cfg, dist, source, run_state, per_rank, accum,
+                            checkpoint_every, eval_every, flops,
+                            lambda: _measure(handle, plain, tokenizer, heldout, calib),
+                            lambda: source.state_dict(), work, progress)
+    metrics = run_state["metrics"]
+    progress("phase", message="measuring the fine-tuned model")
+    metrics["after"] = _measure(handle, plain, tokenizer, heldout, calib)
+    metrics["perplexity_ratio"] = round(metrics["after"]["heldout_perplexity"]
+                                        / metrics["before"]["heldout_perplexity"], 4)
+    training = {"world_size": dist.world, "strategy": dist.strategy, "backend": dist.backend,
+                "precision": dist.precision, "global_batch_windows": cfg.batch,
+                "global_batch_tokens": cfg.batch * cfg.seq_len, "micro_batch": micro,
+                "gradient_accumulation": accum, "gradient_checkpointing": gradient_checkpointing,
+                "tokens_seen": run_state["tokens_seen"], "token_budget": token_budget}
+    provenance = _provenance(handle, cfg, act_key, identity, source, heldout, calib, metrics,
+                             run_state["log"], run_state["curve"], dist, training, throughput)
+    weights = eng.full_state_dict(dist, model)  # every rank: a collective under FSDP
+    if dist.is_main:
+        _write_output(handle, plain, weights, tokenizer, out, provenance)
+        shutil.rmtree(work, ignore_errors=True)
+    dist.barrier()
+    return provenance, (first if state is not None else None), dist.is_main
+
+
+def _quiet(_event: str, **_info: Any) -> None:
+    pass
+
+
+def _describe_run(dist: eng.Dist, cfg: RelufyConfig, per_rank: int, accum: int, micro: int) -> str:
+    where = (f"{dist.world} processes ({dist.strategy}, {dist.backend})" if dist.world > 1
+             else f"1 process on {dist.device.type}")
+    return (f"fine-tune on {where}, precision {dist.precision}: global batch {cfg.batch} × "
+            f"{cfg.seq_len} tokens = {per_rank} windows per process in {accum} micro-batch"
+            f"{'es' if accum > 1 else ''} of {micro}")
+
+
+def train_loop(model, opt, downs, cfg: RelufyConfig, dist: eng.Dist, source: WindowSource,
+               run_state: dict, per_rank: int, accum: int, checkpoint_every: int,
+               eval_every: int, flops: float, measure, data_state, work: Path,
+               progress: ProgressFn) -> dict[str, Any]:
+    """Steps ``run_state['step']`` … ``cfg.steps - 1``; checkpoints and evaluations between."""
     tap = tr.ActivationTap(downs)
     warmup = max(1, int(cfg.warmup_frac * cfg.steps))
-    autocast = _autocast_dtype(dev)
-    marks = sorted({s for every in (checkpoint_every, eval_every) if every
-                    for s in range(every, cfg.steps, every) if s > first} | {cfg.steps})
+    first = run_state["step"]
+    feed = Prefetcher(source, per_rank, first, cfg.steps, checkpoint_every)
+    peak = eng.peak_flops(dist.device)
+    tokens_step = cfg.batch * cfg.seq_len
+    busy = 0.0  # this process's seconds inside optimisation steps
+    lam_now = [0.0]
 
-    def on_step(s: tr.StepStats) -> None:
-        if s.step % LOG_EVERY == 0 or s.step == cfg.steps - 1:
-            log.append({"step": s.step + 1, "loss": round(s.loss, 5), "l1": round(s.l1, 6),
-                        "lr": round(s.lr, 8), "batch_zero_fraction": round(s.zero_fraction, 5)})
-        progress("step", stats=s, total=cfg.steps)
+    def loss_fn(m, x):
+        out = m(input_ids=x, labels=x)
+        lam = lam_now[0]
+        pen = lam * tap.l1_penalty(run_state["density"]) if lam > 0 else out.loss.new_zeros(())
+        dens = tap.density()
+        tap.clear()
+        return out.loss, pen, dens
 
     try:
-        start = first
-        for stop in marks:
-            tr.train_steps(model, opt, tap, batches, first=start, last=stop,
-                           lr=lambda k: tr.lr_at(k, cfg.steps, cfg.lr, warmup, cfg.min_lr_frac),
-                           l1=lambda k: tr.l1_at(k, cfg.steps, cfg.l1, cfg.l1_start, cfg.l1_full),
-                           clip=cfg.clip, device=dev, autocast_dtype=autocast, on_step=on_step)
-            start = stop
-            if eval_every and stop % eval_every == 0 and stop < cfg.steps:
+        for step in range(first, cfg.steps):
+            eng.fault_point(dist.rank, step)
+            windows, snapshot = feed.get(step)
+            lam_now[0] = tr.l1_at(step, cfg.steps, cfg.l1, cfg.l1_start, cfg.l1_full)
+            lr = tr.lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_frac)
+            r = eng.optimizer_step(dist, model, opt, windows, accum, lr, loss_fn, cfg.clip)
+            busy += r.seconds
+            run_state["density"] = r.stats
+            run_state["tokens_seen"] += tokens_step
+            run_state["step"] = step + 1
+            zero = 1.0 - sum(r.stats) / max(1, len(r.stats))
+            stats = tr.StepStats(step, r.loss, r.extra, lam_now[0], lr, zero)
+            if step % LOG_EVERY == 0 or step == cfg.steps - 1:
+                run_state["log"].append({"step": step + 1, "loss": round(r.loss, 5),
+                                         "l1": round(lam_now[0], 6), "lr": round(lr, 8),
+                                         "batch_zero_fraction": round(zero, 5)})
+            rate = tokens_step / r.seconds
+            progress("step", stats=stats, total=cfg.steps, tokens_per_second=rate,
+                     mfu=rate * flops / peak if peak else None)
+            done = step + 1
+            if eval_every and done % eval_every == 0 and done < cfg.steps:
                 tap.clear()
-                point = {"step": stop, **measure()}
-                curve.append(point)
+                point = {"step": done, **measure()}
+                run_state["curve"].append(point)
                 progress("eval", **point)
-            if checkpoint is not None and stop < cfg.steps:
-                checkpoint(stop)
+            if checkpoint_every and done % checkpoint_every == 0 and done < cfg.steps:
+                assert snapshot is not None
+                eng.save_checkpoint(dist, work, done, run_state, snapshot)
+    except KeyboardInterrupt:
+        saved = eng.latest_checkpoint(work)
+        if saved is not None:
+            progress("phase", message=f"{saved.name} kept in {work}; rerun with --resume to "
+                                      "continue")
+        raise
     finally:
+        feed.close()
         tap.remove()
+    steps = cfg.steps - first
+    per_rank_rate = dist.gather(steps * tokens_step / dist.world / busy if busy else 0.0)
+    total = sum(per_rank_rate)
+    return {"steps_timed": steps, "tokens_per_second": round(total, 1),
+            "per_rank_tokens_per_second": [round(x, 1) for x in per_rank_rate],
+            "flops_per_token": flops, "peak_flops": peak,
+            "mfu": round(total * flops / (peak * dist.world), 4) if peak else None,
+            "note": "wall time of the optimisation steps of this invocation (measurement passes "
+                    "and checkpoints excluded); varies run to run"}
 
 
-def _provenance(handle, cfg, act_key, identity, train, heldout, calib, metrics, log, curve, dev):
+def _provenance(handle, cfg, act_key, identity, source, heldout, calib, metrics, log, curve,
+                dist: eng.Dist, training: dict, throughput: dict):
+    import accelerate
     import transformers
 
     return {
@@ -276,7 +320,7 @@ def _provenance(handle, cfg, act_key, identity, train, heldout, calib, metrics, 
                                   "the product act(gate)·up has exact zeros")
                    if handle.facts.gated_ffn else f"output of {handle.arch.ffn_up}"},
         "config": cfg.to_dict(),
-        "data": {"train": train.describe(), "heldout": heldout.describe(),
+        "data": {"train": source.describe(), "heldout": heldout.describe(),
                  "calibration": {"source": CALIBRATION_FILE.name, "texts_sha256": texts_sha256(calib),
                                  "samples": len(calib), "max_tokens": ev.R1_MAX_TOKENS}},
         "steps": cfg.steps,
@@ -285,20 +329,25 @@ def _provenance(handle, cfg, act_key, identity, train, heldout, calib, metrics, 
                          "mean_exact_zero_fraction": "aios.measure.ffn (the R1 checker's code)"},
         "training_log": log,
         "curve": curve,
-        "runtime": {"device": dev.type, "autocast": str(_autocast_dtype(dev)).replace("torch.", "")
-                    if _autocast_dtype(dev) else None,
+        "training": training,
+        "runtime": {"device": dist.device.type,
+                    "autocast": None if dist.precision == "fp32" else dist.precision,
                     "torch_version": torch.__version__,
-                    "transformers_version": transformers.__version__},
+                    "transformers_version": transformers.__version__,
+                    "accelerate_version": accelerate.__version__},
+        "throughput": throughput,
     }
 
 
-def _write_output(handle, model, tokenizer, out: Path, provenance: dict) -> None:
+def _write_output(handle, model, weights: dict, tokenizer, out: Path, provenance: dict) -> None:
     """Build the folder next to ``out`` and rename it into place in one step."""
     src_dtype = handle.config.get("dtype") or handle.config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(src_dtype), torch.float32)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        model.to(getattr(torch, str(src_dtype), torch.float32))
-        model.save_pretrained(tmp, safe_serialization=True)
+        weights = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
+                   for k, v in weights.items()}
+        model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         assert handle.path is not None
         for name in TOKENIZER_FILES:
             if (handle.path / name).is_file():

@@ -10,7 +10,9 @@ that). Everything here is deterministic given the seeded generator it is handed.
   swap and is then pushed towards sparser activations a little at a time.
 * The penalty is λ × Σ_l ρ_l·(mean|a_l| / rms(a_l)) / Σ_l ρ_l, where ``a_l`` is the input
   of block l's FFN output projection (the very tensor R1 counts zeros in) and ρ_l its
-  nonzero fraction in the batch (a weight, no gradient).
+  nonzero fraction (a weight, no gradient): in a fine-tune, the fraction of the previous step
+  over the whole global batch (all micro-batches, all processes; ``convert/engine.py``), so
+  that the update does not depend on how the batch is split.
   - Normalising the L1 norm by the RMS makes it scale-free: a plain L1 can be satisfied by
     shrinking the activations and growing the output projection (ReLU is positively
     homogeneous), which costs nothing and sparsifies nothing; mean|a|/rms(a) only falls when
@@ -68,12 +70,28 @@ class ActivationTap:
 
         return hook
 
-    def l1_penalty(self) -> torch.Tensor:
+    def l1_penalty(self, density: list[float] | None = None) -> torch.Tensor:
+        """Density-weighted mean of mean|a|/rms(a) over layers.
+
+        ``density`` (one weight per layer) is given by the training engine: the nonzero
+        fractions of the previous step reduced over every micro-batch and process, so all
+        micro-batches of a step, on any number of processes, use the same weights. Without
+        it, this batch's own densities are used.
+        """
         acts = [a.float() for a in self._acts if a is not None]  # each (B, T, d_ffn)
         assert acts, "no FFN activations captured: run a forward pass first"
         ratio = torch.stack([a.abs().mean() / a.pow(2).mean().sqrt().clamp_min(1e-6) for a in acts])
-        density = torch.stack([(a != 0).float().mean() for a in acts]).clamp_min(1e-6)  # (L,)
-        return (density * ratio).sum() / density.sum()
+        if density is None:
+            w = torch.stack([(a != 0).float().mean() for a in acts]).detach()
+        else:
+            w = torch.tensor(density, dtype=ratio.dtype, device=ratio.device)
+        w = w.clamp_min(1e-6)  # (L,)
+        return (w * ratio).sum() / w.sum()
+
+    @torch.no_grad()
+    def density(self) -> list[float]:
+        """Nonzero fraction of each layer's captured activations (one float per layer)."""
+        return [float((a != 0).float().mean()) for a in self._acts if a is not None]
 
     @torch.no_grad()
     def zero_fraction(self) -> float:

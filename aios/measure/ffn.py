@@ -109,6 +109,7 @@ def measure_ffn_activity(
         down = _module(model, arch.block(i, arch.ffn_down))
         hooks.append(down.register_forward_pre_hook(make_hook(i)))
     done = 0
+    device = next(model.parameters()).device  # runs where the model is (a trainer's GPU too)
     try:
         with torch.inference_mode():
             for b0 in range(0, len(order), batch_size):
@@ -119,6 +120,7 @@ def measure_ffn_activity(
                 for r, ids in enumerate(batch):
                     input_ids[r, : len(ids)] = torch.tensor(ids)
                     mask[r, : len(ids)] = True
+                input_ids, mask = input_ids.to(device), mask.to(device)
                 current_mask[0] = mask
                 model(input_ids=input_ids, attention_mask=mask.long(), use_cache=False)
                 stats.tokens += int(mask.sum())

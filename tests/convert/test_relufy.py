@@ -31,6 +31,13 @@ def _load(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder).eval()
 
 
+def _deterministic(out: Path) -> dict:
+    """The provenance without its measured wall-time block (the one part that varies)."""
+    prov = json.loads((out / PROVENANCE_FILE).read_text())
+    assert prov["throughput"]["tokens_per_second"] > 0
+    return {k: v for k, v in prov.items() if k != "throughput"}
+
+
 def _siblings(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(out.name) or
                   p.name.startswith("." + out.name))
@@ -140,8 +147,9 @@ def test_interrupt_leaves_no_output_and_resume_matches_uninterrupted(lm, tmp_pat
         relufy(str(src), out, RelufyConfig(**{**FAST.to_dict(), "steps": 7}), resume=True)
     res = relufy(str(src), out, FAST, checkpoint_every=3, resume=True, calibration_samples=CAL)
     assert res.resumed_from == 3 and _siblings(out) == ["resumed"]
-    for name in ("model.safetensors", "config.json", PROVENANCE_FILE):
+    for name in ("model.safetensors", "config.json"):
         assert (out / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+    assert _deterministic(out) == _deterministic(tmp_path / "straight")
 
 
 def test_resume_without_checkpoint_starts_fresh(lm, tmp_path):
@@ -162,18 +170,45 @@ def test_unreadable_or_short_training_data(lm, tmp_path):
         relufy(str(src), out, FAST, train_data=tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\nnot json\n')
-    with pytest.raises(InvalidModelError, match="bad.jsonl:2"):
+    with pytest.raises(InvalidModelError, match="bad.jsonl cannot be read"):
         relufy(str(src), out, FAST, train_data=bad)
     short = tmp_path / "short.txt"
     short.write_text("only a few words")
-    with pytest.raises(InvalidModelError, match="at least 17"):
+    with pytest.raises(InvalidModelError, match="at least 16"):
         relufy(str(src), out, FAST, train_data=short)
-    assert _siblings(out) == []
+    with pytest.raises(UsageError, match="divide evenly|--micro-batch 3"):
+        relufy(str(src), out, FAST, micro_batch=3)
+    assert not (tmp_path / "out").exists()
     txt = tmp_path / "train.txt"
     txt.write_text("\n\n".join(f"sample {i} with some words to learn from" for i in range(50)))
     res = relufy(str(src), out, RelufyConfig(steps=1, batch=2, seq_len=16), train_data=txt,
                  calibration_samples=CAL)
     assert res.provenance["data"]["train"]["source"] == str(txt)
+    assert res.provenance["data"]["train"]["format"] == "text"
+
+
+def test_streamed_parquet_folder_token_budget_and_heldout_file(lm, tmp_path):
+    """--train-data as a folder of Parquet files, a token budget instead of steps, gradient
+    accumulation and a held-out file: the provenance records each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for k in range(2):
+        pq.write_table(pa.table({"text": [f"sample {k} {i} with some words to learn from"
+                                          for i in range(40)]}), corpus / f"part-{k}.parquet")
+    held = tmp_path / "held.txt"
+    held.write_text("\n\n".join(f"held out text number {i} for perplexity" for i in range(30)))
+    res = relufy(str(lm("falcon")), tmp_path / "out", RelufyConfig(batch=4, seq_len=16, l1=0.5),
+                 train_data=corpus, tokens="300", micro_batch=2, heldout_data=held,
+                 checkpoint_every=0, calibration_samples=CAL)
+    p = res.provenance
+    assert p["steps"] == 5 and p["training"]["tokens_seen"] == 5 * 64
+    assert p["training"]["token_budget"] == 300 and p["training"]["gradient_accumulation"] == 2
+    assert p["data"]["train"]["format"] == "parquet" and p["data"]["train"]["files"] == 2
+    assert p["data"]["heldout"]["source"] == str(held)
+    assert p["training"]["world_size"] == 1 and p["training"]["precision"] == "fp32"
 
 
 def test_unsupported_inputs(hf_model, gguf_file, tmp_path):
