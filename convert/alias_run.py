@@ -49,13 +49,15 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
               delta_norm: str | None = None, gguf: str | Path | None = None,
               dealias: str | Path | None = None, outtype: str = "f32",
               progress: Callable[[str], None] | None = None,
-              exported: ExportedFn | None = None) -> AliasResult | None:
+              exported: ExportedFn | None = None, train_data: str | Path | None = None,
+              micro_batch: int | None = None, device: str | None = None) -> AliasResult | None:
     """What ``aios-convert alias`` does with its options.
 
     ``out`` None: only export the already aliased ``model`` (:func:`export_aliased`; returns
     None). ``train``: trained aliasing (``zones`` default ``all``; the post-hoc options are
     refused). Otherwise post-hoc aliasing (``zones`` default ``core``; the training options
     are refused). ``None`` for a training option keeps its :class:`AliasTrainConfig` default.
+    A distributed ``train`` run returns None on every process but rank 0.
     """
     if out is None:
         export_aliased(model, gguf=gguf, dealias=dealias, outtype=outtype, exported=exported)
@@ -70,11 +72,14 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
         cfg = replace(AliasTrainConfig(delta=delta, types=types),
                       **{k: v for k, v in overrides.items() if v is not None})
         return train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias,
-                           progress=progress)
+                           progress=progress, train_data=train_data, micro_batch=micro_batch,
+                           device=device)
     from convert.alias import AliasConfig, alias
 
-    if steps is not None or lam is not None or lr is not None or delta_norm is not None:
-        raise UsageError("--steps, --lam, --lr and --delta-norm need --train.")
+    if steps is not None or lam is not None or lr is not None or delta_norm is not None or \
+            train_data is not None or micro_batch is not None or device is not None:
+        raise UsageError("--steps, --lam, --lr, --delta-norm, --train-data, --micro-batch and "
+                         "--device need --train.")
     post = AliasConfig(zones=zones or "core", delta=delta, canonical=canonical, types=types,
                        min_cosine=min_cosine, budget_ppl=budget_ppl)
     return alias(model, out, post, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)

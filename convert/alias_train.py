@@ -11,7 +11,10 @@ warmup + cosine learning rate from ``convert/training.py``). The penalty alone d
 bound ‖δ_i‖/‖W_c‖, which R3 does (< 10 %), so by default each step ends with a projection
 onto ‖δ_i‖ ≤ ρ(t)‖W_c‖, the radius shrinking by a half-cosine from each delta's initial
 relative norm to ``max_rel_delta`` at ``shrink_until`` of the steps (projected gradient
-descent; the deltas are rescaled, a low-rank one through both factors). Afterwards the deltas are
+descent; the deltas are rescaled, a low-rank one through both factors, identically on every
+process of a distributed run). The fine-tune runs on ``convert/engine.py`` (one process, or DDP
+under ``accelerate launch`` / ``torchrun``; ``batch`` is the global batch) and reads
+``convert/train_data.py``'s windows. Afterwards the deltas are
 stored in the requested encoding (``q8_0`` quantizes, ``none`` drops them) and the held-out
 perplexity of exactly the stored model is measured against the independent-weight source.
 """
@@ -31,8 +34,10 @@ from aios.evaluation import pydoc_split
 from aios.models import ModelHandle, resolve_model
 from convert import alias as A
 from convert.alias_config import DELTA_NORMS
+from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
+from convert.train_data import Prefetcher, RandomWindows, StreamedWindows
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,12 @@ def reparameterize(tm: torch.nn.Module, handle: ModelHandle, types: list[str], l
 
 
 def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig, *, outtype: str = "f32",
-                gguf=None, dealias=None, progress: A.ProgressFn | None = None) -> A.AliasResult:
+                gguf=None, dealias=None, progress: A.ProgressFn | None = None,
+                device: str | None = None, train_data: str | Path | None = None,
+                micro_batch: int | None = None) -> A.AliasResult | None:
+    """Trained aliasing; runs on the fine-tune engine (``convert/engine.py``): one process, or
+    DDP under ``accelerate launch`` / ``torchrun``. Rank 0 writes ``out`` and returns the
+    result; the other processes return None."""
     encoding, rank = A.parse_delta(cfg.delta)
     if cfg.norm not in DELTA_NORMS:
         raise UsageError(f"norm must be {' or '.join(DELTA_NORMS)}, not '{cfg.norm}'.")
@@ -130,7 +140,12 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
     A.check_output(out)
     handle = model if isinstance(model, ModelHandle) else resolve_model(str(model))
     A.check_source(handle)
-    say = progress or (lambda _m: None)
+    dist = eng.start(device)
+    if dist.strategy == "FSDP":
+        raise UsageError("alias --train keeps each group's canonical whole on every process "
+                         "(its projection step needs the full deltas): run it with DDP, not FSDP.")
+    per_rank, accum, _micro = eng.batch_plan(cfg.batch, dist.world, micro_batch)
+    say = (progress or (lambda _m: None)) if dist.is_main else (lambda _m: None)
     f = handle.facts
     layers = A.zone_layers(cfg.zones, f.n_layers, f.core_zone)
     if len(layers) < 2:
@@ -142,7 +157,10 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
     tm = handle.load_torch(dtype="float32")
     tok = handle.load_tokenizer()
     heldout = pydoc_split(tok, "heldout")
-    train_ids = pydoc_split(tok, "train").ids
+    if train_data is None:
+        source = RandomWindows(pydoc_split(tok, "train"), cfg.seq_len, cfg.seed, dist.rank, dist.world)
+    else:
+        source = StreamedWindows(train_data, tok, cfg.seq_len, cfg.seed, dist.rank, dist.world)
     base_ppl = ev.heldout_perplexity(tm, heldout)
     say(f"held-out perplexity of the source: {base_ppl:.3f}")
     groups = reparameterize(tm, handle, types, layers, encoding, rank)
@@ -151,46 +169,66 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
     members = [m for ms in groups.values() for _, m in ms]
     with torch.no_grad():
         rel0 = [m.rel_norm(cfg.norm) for m in members]
-    params = [p for p in tm.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def adamw(m: torch.nn.Module) -> torch.optim.AdamW:
+        params = [p for p in m.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0,
+                                 fused=dist.device.type == "cuda")
+
+    model, opt = eng.prepare(dist, tm, adamw)
+    lam_now = [0.0]
+
+    def loss_fn(m, x):
+        loss = m(input_ids=x, labels=x).loss
+        sq = torch.stack([mb.delta_sq() for mb in members]).sum() if members else loss.new_zeros(())
+        return loss, lam_now[0] * sq, [float(sq.detach())]
+
     log, t0 = [], time.perf_counter()
-    tm.train()
-    for step in range(cfg.steps):
-        lr = tr.lr_at(step, cfg.steps, cfg.lr, cfg.warmup, 0.1)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        lam = tr.l1_at(step, cfg.steps, cfg.lam, 0.0, cfg.lam_ramp)
-        x = tr.random_windows(train_ids, cfg.batch, cfg.seq_len, gen)
-        loss = tm(input_ids=x, labels=x).loss
-        sq = torch.stack([m.delta_sq() for m in members]).sum() if members else torch.zeros(())
-        opt.zero_grad(set_to_none=True)
-        (loss + lam * sq).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if cfg.max_rel_delta is not None:
-            s = tr.l1_at(step, cfg.steps, 1.0, 0.0, cfg.shrink_until)  # 0 -> 1 half-cosine
-            for m, r0 in zip(members, rel0):
-                m.project(cfg.max_rel_delta + (max(r0, cfg.max_rel_delta) - cfg.max_rel_delta) * (1 - s), cfg.norm)
-        if step % 25 == 0 or step == cfg.steps - 1:
-            rel = _max_rel(groups)
-            log.append({"step": step, "loss": round(loss.item(), 4), "lam": lam, "delta_sq": round(sq.item(), 4),
-                        "max_rel_delta": round(rel, 4)})  # no wall times: same input + seed -> same bytes
-            say(f"step {step}: loss {loss.item():.3f}, λ {lam:.2e}, max ‖δ‖/‖W_c‖ {rel:.3f}")
+    feed = Prefetcher(source, per_rank, 0, cfg.steps, 0)
+    try:
+        for step in range(cfg.steps):
+            windows, _ = feed.get(step)
+            lam_now[0] = tr.l1_at(step, cfg.steps, cfg.lam, 0.0, cfg.lam_ramp)
+            lr = tr.lr_at(step, cfg.steps, cfg.lr, cfg.warmup, 0.1)
+            r = eng.optimizer_step(dist, model, opt, windows, accum, lr, loss_fn, 1.0)
+            if cfg.max_rel_delta is not None:  # identical on every rank: replicas stay equal
+                s = tr.l1_at(step, cfg.steps, 1.0, 0.0, cfg.shrink_until)  # 0 -> 1 half-cosine
+                for m, r0 in zip(members, rel0):
+                    m.project(cfg.max_rel_delta + (max(r0, cfg.max_rel_delta) - cfg.max_rel_delta) * (1 - s), cfg.norm)
+            if step % 25 == 0 or step == cfg.steps - 1:
+                rel = _max_rel(groups)
+                sq = r.stats[0] if r.stats else 0.0
+                log.append({"step": step, "loss": round(r.loss, 4), "lam": lam_now[0],
+                            "delta_sq": round(sq, 4), "max_rel_delta": round(rel, 4)})  # no wall times: same input + seed -> same bytes
+                say(f"step {step}: loss {r.loss:.3f}, λ {lam_now[0]:.2e}, max ‖δ‖/‖W_c‖ {rel:.3f}")
+    finally:
+        feed.close()
+    seconds = time.perf_counter() - t0
+    tm = dist.acc.unwrap_model(model).cpu()
     tm.eval()
+    if not dist.is_main:
+        dist.barrier()
+        return None
     built = _freeze(tm, handle, groups, encoding, rank)
     ppl = ev.heldout_perplexity(tm, heldout)
     say(f"held-out perplexity of the stored aliased model: {ppl:.3f} (source {base_ppl:.3f})")
     state = {k: v.detach().clone() for k, v in tm.state_dict().items()}
     report = {"command": "aios-convert alias --train", "mode": "trained", "config": asdict(cfg),
-              "heldout": pydoc_split(tok, "heldout").describe(), "train_tokens": int(len(train_ids)),
+              "heldout": heldout.describe(), "train": source.describe(),
+              "training": {"world_size": dist.world, "strategy": dist.strategy,
+                           "precision": dist.precision, "gradient_accumulation": accum,
+                           "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len},
               "source_heldout_perplexity": round(base_ppl, 4), "reparameterized_heldout_perplexity": round(init_ppl, 4),
               "heldout_perplexity": round(ppl, 4), "perplexity_delta": round(ppl - base_ppl, 4),
               "zone_thresholds": "not applied: trained aliasing imposes the structure on the chosen layers",
               "training_log": log}
-    A.write_folder(handle, out, built, report, state=state)
-    result = A.finish_exports(out, report, post, outtype=outtype, gguf=gguf, dealias=dealias)
-    result.notes.append(f"fine-tuned {cfg.steps} steps in {time.perf_counter() - t0:.0f} s")
+    try:
+        A.write_folder(handle, out, built, report, state=state)
+        result = A.finish_exports(out, report, post, outtype=outtype, gguf=gguf, dealias=dealias)
+    finally:
+        dist.barrier()
+    result.notes.append(f"fine-tuned {cfg.steps} steps in {seconds:.0f} s on {dist.world} "
+                        f"process{'es' if dist.world > 1 else ''} ({dist.device.type}, {dist.precision})")
     return result
 
 

@@ -244,6 +244,12 @@ ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
               help=f"--train: peak learning rate [default: {ALIAS_TRAIN_DEFAULTS['lr']:g}].")
 @click.option("--delta-norm", type=click.Choice(DELTA_NORMS), default=None,
               help="--train: norm of the ‖δ_i‖ ≤ 9 % ‖W_c‖ projection [default: fro, the R3 criterion].")
+@click.option("--train-data", default=None, metavar="PATH|DIR|GLOB",
+              help="--train: streamed JSONL/TXT/Parquet corpus (default: the pydoc train split).")
+@click.option("--micro-batch", type=int, default=None,
+              help="--train: windows per forward pass per process (the rest is gradient accumulation).")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="--train: where to fine-tune [default: auto, cuda when torch sees one].")
 @click.option("--gguf", type=click.Path(dir_okay=False), default=None, help="Also write an aliased GGUF for aios-run.")
 @click.option("--dealias", type=click.Path(dir_okay=False), default=None,
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
@@ -251,8 +257,12 @@ ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
               help="Type of the GGUF outputs' 2-D weights.")
 def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
-                  lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str) -> None:
-    """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3)."""
+                  lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str,
+                  train_data: str | None, micro_batch: int | None, device: str | None) -> None:
+    """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3).
+
+    With --train it runs under `accelerate launch` / `torchrun` as DDP, like relufy.
+    """
     from aios.cli_common import err_console
     from convert.alias_cli import render_alias, render_export
     from convert.alias_run import run_alias
@@ -264,7 +274,8 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
     result = run_alias(model, out, zones=zones, delta=delta, canonical=canonical, types=type_list,
                        min_cosine=min_cosine, budget_ppl=budget_ppl, train=train, steps=steps,
                        lam=lam, lr=lr, delta_norm=delta_norm, gguf=gguf, dealias=dealias,
-                       outtype=outtype, progress=progress, exported=render_export)
+                       outtype=outtype, progress=progress, exported=render_export,
+                       train_data=train_data, micro_batch=micro_batch, device=device)
     if result is not None:
         render_alias(result)
 

@@ -227,6 +227,8 @@ def _quiet(_event: str, **_info: Any) -> None:
 def _describe_run(dist: eng.Dist, cfg: RelufyConfig, per_rank: int, accum: int, micro: int) -> str:
     where = (f"{dist.world} processes ({dist.strategy}, {dist.backend})" if dist.world > 1
              else f"1 process on {dist.device.type}")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") and dist.strategy != "FSDP":
+        where += " (FSDP was requested, but accelerate runs it on CUDA GPUs only: DDP here)"
     return (f"fine-tune on {where}, precision {dist.precision}: global batch {cfg.batch} × "
             f"{cfg.seq_len} tokens = {per_rank} windows per process in {accum} micro-batch"
             f"{'es' if accum > 1 else ''} of {micro}")
@@ -343,6 +345,9 @@ def _write_output(handle, model, weights: dict, tokenizer, out: Path, provenance
     """Build the folder next to ``out`` and rename it into place in one step."""
     src_dtype = handle.config.get("dtype") or handle.config.get("torch_dtype") or "float32"
     dtype = getattr(torch, str(src_dtype), torch.float32)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" would follow the result table
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         weights = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype)
