@@ -1,5 +1,6 @@
 """The commands the README and docs/ show parse as written: every concrete ``aios-*`` line in a
-fenced code block names an existing command and only options and choices it accepts.
+fenced code block (and every ``torchrun`` / ``accelerate launch ... -m convert.cli`` line) names
+an existing command and only options and choices it accepts.
 
 (Synopsis lines with ``[optional]`` parts are skipped; the commands are parsed, not run.)
 """
@@ -16,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINE = re.compile(r"^\s*(?:\$\s+)?(?:[A-Z_]+=\S+\s+)*(aios-(?:contract|convert|run))\s+(.*)$")
+# distributed launches run the same command as a module: `torchrun ... -m convert.cli relufy ...`
+LAUNCH = re.compile(r"^\s*(?:torchrun|accelerate launch)\s.*?-m\s+(convert\.cli)\s+(.*)$")
 
 
 def _examples() -> list[tuple[str, str, str]]:
@@ -26,13 +29,13 @@ def _examples() -> list[tuple[str, str, str]]:
             if line.strip().startswith("```"):
                 in_block = not in_block
                 continue
-            m = LINE.match(line) if in_block else None
+            m = (LINE.match(line) or LAUNCH.match(line)) if in_block else None
             if not m:
                 continue
             rest = re.sub(r"\s+#.*$", "", m.group(2)).strip()
             if any(c in rest for c in "[|…") or "..." in rest or rest.endswith("\\"):
                 continue  # synopsis or continued line
-            out.append((doc.name, m.group(1), rest))
+            out.append((doc.name, "aios-convert" if m.group(1) == "convert.cli" else m.group(1), rest))
     return out
 
 
