@@ -1,7 +1,7 @@
-"""Recovery fine-tuning math: schedules, the activation-L1 penalty, one optimisation step.
+"""Recovery fine-tuning math: schedules and the activation-L1 penalty.
 
-Pure training mechanics with no files, CLI or model resolution (``convert/relufy.py`` does
-that). Everything here is deterministic given the seeded generator it is handed.
+Pure training mechanics with no files, CLI, processes or model resolution (``convert/relufy.py``
+and ``convert/engine.py`` do those).
 
 * Learning rate: linear warmup to the peak, then cosine decay to ``min_lr_frac`` × peak.
 * Activation L1 (ProSparse-style, progressive): the penalty weight is 0 for the first
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -107,23 +106,6 @@ class ActivationTap:
         self.clear()
 
 
-def random_windows(ids: torch.Tensor, batch: int, seq_len: int,
-                   gen: torch.Generator) -> torch.Tensor:
-    """``batch`` random contiguous windows of ``seq_len`` tokens from a 1-D stream: (B, T)."""
-    assert ids.dim() == 1 and len(ids) > seq_len, "token stream shorter than one window"
-    starts = torch.randint(0, len(ids) - seq_len + 1, (batch,), generator=gen)
-    return ids[starts[:, None] + torch.arange(seq_len)]
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms, biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.95), eps=1e-8)
-
-
 @dataclass
 class StepStats:
     step: int  # 0-based step just finished
@@ -132,29 +114,3 @@ class StepStats:
     l1: float  # λ used
     lr: float
     zero_fraction: float  # exact zeros in this batch's FFN activations
-
-
-def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, tap: ActivationTap,
-                batches: Iterator[torch.Tensor], *, first: int, last: int,
-                lr: Callable[[int], float], l1: Callable[[int], float], clip: float,
-                device: torch.device, autocast_dtype: torch.dtype | None = None,
-                on_step: Callable[[StepStats], None] | None = None) -> None:
-    """Run optimisation steps ``first`` … ``last - 1`` (0-based), one batch each."""
-    model.train()
-    for step in range(first, last):
-        x = next(batches).to(device)  # (B, T)
-        for group in opt.param_groups:
-            group["lr"] = lr(step)
-        lam = l1(step)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = model(input_ids=x, labels=x).loss
-            penalty = lam * tap.l1_penalty() if lam > 0 else torch.zeros((), device=device)
-        opt.zero_grad(set_to_none=True)
-        (loss + penalty).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        stats = StepStats(step, loss.item(), penalty.item(), lam, lr(step), tap.zero_fraction())
-        tap.clear()
-        if on_step:
-            on_step(stats)
-    model.eval()

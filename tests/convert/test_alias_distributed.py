@@ -11,9 +11,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
 from convert.alias_train import AliasTrainConfig, train_alias
+
+# the in-process run must sum in the same order as the one-thread launched processes
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARGS = ["--train", "--zones", "1-4", "--delta", "lowrank:2", "--types", "dense", "--steps", "3",
         "--device", "cpu"]

@@ -26,6 +26,9 @@ from convert.relufy import PROVENANCE_FILE, RelufyConfig, relufy
 from convert.relufy_run import partial_dir
 
 STEPS, BATCH, SEQ, L1 = 8, 4, 16, 0.5
+# the in-process run must sum in the same order as the one-thread launched processes
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ARGS = ["--steps", str(STEPS), "--batch", str(BATCH), "--seq-len", str(SEQ), "--l1", str(L1),
         "--checkpoint-every", "3", "--device", "cpu"]
 
