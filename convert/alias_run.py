@@ -50,7 +50,8 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
               dealias: str | Path | None = None, outtype: str = "f32",
               progress: Callable[[str], None] | None = None,
               exported: ExportedFn | None = None, train_data: str | Path | None = None,
-              micro_batch: int | None = None, device: str | None = None) -> AliasResult | None:
+              micro_batch: int | None = None, device: str | None = None,
+              checkpoint_every: int | None = None, resume: bool = False) -> AliasResult | None:
     """What ``aios-convert alias`` does with its options.
 
     ``out`` None: only export the already aliased ``model`` (:func:`export_aliased`; returns
@@ -73,13 +74,14 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
                       **{k: v for k, v in overrides.items() if v is not None})
         return train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias,
                            progress=progress, train_data=train_data, micro_batch=micro_batch,
-                           device=device)
+                           device=device, checkpoint_every=checkpoint_every or 0, resume=resume)
     from convert.alias import AliasConfig, alias
 
     if steps is not None or lam is not None or lr is not None or delta_norm is not None or \
-            train_data is not None or micro_batch is not None or device is not None:
-        raise UsageError("--steps, --lam, --lr, --delta-norm, --train-data, --micro-batch and "
-                         "--device need --train.")
+            train_data is not None or micro_batch is not None or device is not None or \
+            checkpoint_every is not None or resume:
+        raise UsageError("--steps, --lam, --lr, --delta-norm, --train-data, --micro-batch, "
+                         "--device, --checkpoint-every and --resume need --train.")
     post = AliasConfig(zones=zones or "core", delta=delta, canonical=canonical, types=types,
                        min_cosine=min_cosine, budget_ppl=budget_ppl)
     return alias(model, out, post, outtype=outtype, gguf=gguf, dealias=dealias, progress=progress)

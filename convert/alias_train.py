@@ -21,6 +21,8 @@ perplexity of exactly the stored model is measured against the independent-weigh
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -127,10 +129,12 @@ def reparameterize(tm: torch.nn.Module, handle: ModelHandle, types: list[str], l
 def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig, *, outtype: str = "f32",
                 gguf=None, dealias=None, progress: A.ProgressFn | None = None,
                 device: str | None = None, train_data: str | Path | None = None,
-                micro_batch: int | None = None) -> A.AliasResult | None:
+                micro_batch: int | None = None, checkpoint_every: int = 0,
+                resume: bool = False) -> A.AliasResult | None:
     """Trained aliasing; runs on the fine-tune engine (``convert/engine.py``): one process, or
     DDP under ``accelerate launch`` / ``torchrun``. Rank 0 writes ``out`` and returns the
-    result; the other processes return None."""
+    result; the other processes return None. ``checkpoint_every`` > 0 keeps the state in
+    ``OUT.partial/`` (as relufy does); ``resume`` continues from it to the same weights."""
     encoding, rank = A.parse_delta(cfg.delta)
     if cfg.norm not in DELTA_NORMS:
         raise UsageError(f"norm must be {' or '.join(DELTA_NORMS)}, not '{cfg.norm}'.")
@@ -138,6 +142,11 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
         raise UsageError("--steps, --batch must be ≥ 1, --seq-len ≥ 2, --lr > 0 and --lam ≥ 0.")
     out = Path(out)
     A.check_output(out)
+    work = out.with_name(out.name + ".partial")
+    if not resume and work.exists():
+        raise UsageError(f"{work} holds an interrupted run; rerun with --resume to continue it, "
+                         "or delete that folder to start over.")
+    ckpt = eng.latest_checkpoint(work) if resume else None
     handle = model if isinstance(model, ModelHandle) else resolve_model(str(model))
     A.check_source(handle)
     dist = eng.start(device)
@@ -161,14 +170,25 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
         source = RandomWindows(pydoc_split(tok, "train"), cfg.seq_len, cfg.seed, dist.rank, dist.world)
     else:
         source = StreamedWindows(train_data, tok, cfg.seq_len, cfg.seed, dist.rank, dist.world)
-    base_ppl = ev.heldout_perplexity(tm, heldout)
-    say(f"held-out perplexity of the source: {base_ppl:.3f}")
+    identity = json.loads(json.dumps({"config": asdict(cfg), "source": handle.spec,
+                                      "train": {k: v for k, v in source.describe().items()
+                                                if k in ("source", "texts_sha256", "fingerprint")}}))
+    state = eng.read_run_state(ckpt) if ckpt is not None else None
+    if state is not None and (state["identity"] != identity or state["world_size"] != dist.world):
+        raise UsageError(f"The interrupted run in {work} used other options, data or process "
+                         f"count; rerun it as it was started, or delete {work} to start over.")
+    if state is None:
+        base_ppl = ev.heldout_perplexity(tm, heldout)
+        say(f"held-out perplexity of the source: {base_ppl:.3f}")
     groups = reparameterize(tm, handle, types, layers, encoding, rank)
-    init_ppl = ev.heldout_perplexity(tm, heldout)
-    say(f"after re-parameterization (deltas {'truncated to rank ' + str(rank) if rank else 'exact'}): {init_ppl:.3f}")
     members = [m for ms in groups.values() for _, m in ms]
-    with torch.no_grad():
-        rel0 = [m.rel_norm(cfg.norm) for m in members]
+    if state is None:
+        init_ppl = ev.heldout_perplexity(tm, heldout)
+        say(f"after re-parameterization (deltas {'truncated to rank ' + str(rank) if rank else 'exact'}): {init_ppl:.3f}")
+        with torch.no_grad():
+            rel0 = [m.rel_norm(cfg.norm) for m in members]
+    else:
+        base_ppl, init_ppl, rel0 = state["base_ppl"], state["init_ppl"], state["rel0"]
 
     def adamw(m: torch.nn.Module) -> torch.optim.AdamW:
         params = [p for p in m.parameters() if p.requires_grad]
@@ -176,6 +196,13 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
                                  fused=dist.device.type == "cuda")
 
     model, opt = eng.prepare(dist, tm, adamw)
+    first, log = 0, []
+    if state is not None:
+        source.load_state_dict(eng.load_checkpoint(dist, ckpt))
+        first, log = state["step"], state["log"]
+        say(f"resuming from step {first} of {cfg.steps}")
+    elif dist.is_main and checkpoint_every:
+        work.mkdir(parents=True, exist_ok=True)
     lam_now = [0.0]
 
     def loss_fn(m, x):
@@ -183,11 +210,12 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
         sq = torch.stack([mb.delta_sq() for mb in members]).sum() if members else loss.new_zeros(())
         return loss, lam_now[0] * sq, [float(sq.detach())]
 
-    log, t0 = [], time.perf_counter()
-    feed = Prefetcher(source, per_rank, 0, cfg.steps, 0)
+    t0 = time.perf_counter()
+    feed = Prefetcher(source, per_rank, first, cfg.steps, checkpoint_every)
     try:
-        for step in range(cfg.steps):
-            windows, _ = feed.get(step)
+        for step in range(first, cfg.steps):
+            eng.fault_point(dist.rank, step)
+            windows, snapshot = feed.get(step)
             lam_now[0] = tr.l1_at(step, cfg.steps, cfg.lam, 0.0, cfg.lam_ramp)
             lr = tr.lr_at(step, cfg.steps, cfg.lr, cfg.warmup, 0.1)
             r = eng.optimizer_step(dist, model, opt, windows, accum, lr, loss_fn, 1.0)
@@ -201,6 +229,11 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
                 log.append({"step": step, "loss": round(r.loss, 4), "lam": lam_now[0],
                             "delta_sq": round(sq, 4), "max_rel_delta": round(rel, 4)})  # no wall times: same input + seed -> same bytes
                 say(f"step {step}: loss {r.loss:.3f}, λ {lam_now[0]:.2e}, max ‖δ‖/‖W_c‖ {rel:.3f}")
+            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+                eng.save_checkpoint(dist, work, step + 1,
+                                    {"identity": identity, "step": step + 1, "log": log,
+                                     "base_ppl": base_ppl, "init_ppl": init_ppl, "rel0": rel0},
+                                    snapshot)
     finally:
         feed.close()
     seconds = time.perf_counter() - t0
@@ -212,7 +245,7 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
     built = _freeze(tm, handle, groups, encoding, rank)
     ppl = ev.heldout_perplexity(tm, heldout)
     say(f"held-out perplexity of the stored aliased model: {ppl:.3f} (source {base_ppl:.3f})")
-    state = {k: v.detach().clone() for k, v in tm.state_dict().items()}
+    weights = {k: v.detach().clone() for k, v in tm.state_dict().items()}
     report = {"command": "aios-convert alias --train", "mode": "trained", "config": asdict(cfg),
               "heldout": heldout.describe(), "train": source.describe(),
               "training": {"world_size": dist.world, "strategy": dist.strategy,
@@ -223,11 +256,12 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
               "zone_thresholds": "not applied: trained aliasing imposes the structure on the chosen layers",
               "training_log": log}
     try:
-        A.write_folder(handle, out, built, report, state=state)
+        A.write_folder(handle, out, built, report, state=weights)
         result = A.finish_exports(out, report, post, outtype=outtype, gguf=gguf, dealias=dealias)
+        shutil.rmtree(work, ignore_errors=True)
     finally:
         dist.barrier()
-    result.notes.append(f"fine-tuned {cfg.steps} steps in {seconds:.0f} s on {dist.world} "
+    result.notes.append(f"fine-tuned {cfg.steps - first} steps in {seconds:.0f} s on {dist.world} "
                         f"process{'es' if dist.world > 1 else ''} ({dist.device.type}, {dist.precision})")
     return result
 

@@ -250,6 +250,9 @@ ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
               help="--train: windows per forward pass per process (the rest is gradient accumulation).")
 @click.option("--device", type=click.Choice(DEVICES), default=None,
               help="--train: where to fine-tune [default: auto, cuda when torch sees one].")
+@click.option("--checkpoint-every", type=int, default=None,
+              help="--train: steps between checkpoints in OUT.partial/ [default: none].")
+@click.option("--resume", is_flag=True, help="--train: continue the interrupted run in OUT.partial/.")
 @click.option("--gguf", type=click.Path(dir_okay=False), default=None, help="Also write an aliased GGUF for aios-run.")
 @click.option("--dealias", type=click.Path(dir_okay=False), default=None,
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
@@ -258,7 +261,8 @@ ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
 def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
                   lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str,
-                  train_data: str | None, micro_batch: int | None, device: str | None) -> None:
+                  train_data: str | None, micro_batch: int | None, device: str | None,
+                  checkpoint_every: int | None, resume: bool) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3).
 
     With --train it runs under `accelerate launch` / `torchrun` as DDP, like relufy.
@@ -275,7 +279,8 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
                        min_cosine=min_cosine, budget_ppl=budget_ppl, train=train, steps=steps,
                        lam=lam, lr=lr, delta_norm=delta_norm, gguf=gguf, dealias=dealias,
                        outtype=outtype, progress=progress, exported=render_export,
-                       train_data=train_data, micro_batch=micro_batch, device=device)
+                       train_data=train_data, micro_batch=micro_batch, device=device,
+                       checkpoint_every=checkpoint_every, resume=resume)
     if result is not None:
         render_alias(result)
 

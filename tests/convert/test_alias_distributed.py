@@ -39,3 +39,25 @@ def test_two_processes_match_one(tmp_path):
     rep = json.loads((two / "aios_alias.json").read_text())
     assert rep["training"]["world_size"] == 2
     assert [x["loss"] for x in rep["training_log"]] == [x["loss"] for x in one.report["training_log"]]
+
+
+def test_killed_rank_then_resume_reaches_the_same_weights(tmp_path):
+    """Two processes, rank 0 killed before step 3 of 4 with a checkpoint at step 2: nothing under
+    OUT; --resume on two processes gives the uninterrupted run's weights."""
+    def launch(out, *extra, env=None):
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc_per_node", "2", "-m", "convert.cli", "alias", "tiny-falcon",
+                               "-o", str(out), *ARGS[:-4], "--steps", "4", "--device", "cpu",
+                               "--checkpoint-every", "2", *extra], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+    straight, out = tmp_path / "straight", tmp_path / "killed"
+    assert launch(straight).returncode == 0
+    r = launch(out, env={"AIOS_FAULT_KILL": "0:3"})
+    assert r.returncode != 0 and not out.exists()
+    assert (tmp_path / "killed.partial" / "latest").read_text().strip() == "checkpoint-2"
+    r = launch(out, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from step 2" in r.stderr and not (tmp_path / "killed.partial").exists()
+    a, b = load_file(out / "model.safetensors"), load_file(straight / "model.safetensors")
+    assert all((a[k] == b[k]).all() for k in a)
