@@ -118,7 +118,7 @@ def _relufy_default(name: str):
               help="relu or relu2 (fatrelu:T is refused: stock transformers cannot load it).")
 @click.option("--train-data", default=None, metavar="PATH|DIR|GLOB",
               help="JSONL (text field), TXT or Parquet (text column) corpus, streamed: a file, a "
-                   "folder or a glob (default: the fixtures' pydoc train split).")
+                   "folder, a glob or a cached hub dataset id (default: the fixtures' pydoc train split).")
 @click.option("--heldout-data", type=click.Path(dir_okay=False), default=None,
               help="JSONL/TXT held-out text for perplexity (default: the pydoc held-out split).")
 @click.option("--steps", type=int, default=_relufy_default("steps"), show_default=True,

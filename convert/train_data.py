@@ -8,7 +8,8 @@ optimisation step; ``state_dict()`` / ``load_state_dict()`` for exact resume):
   generator and keeps its slice, so the data of a step does not depend on the process count
   (a one-process run and a two-process run with the same global batch see the same windows).
 * :class:`StreamedWindows`: a corpus on disk (JSONL ``text`` field, TXT paragraphs, Parquet
-  ``text`` column; a file, a folder or a glob) read *streaming* by the ``datasets`` library,
+  ``text`` column; a file, a folder, a glob, or a hub dataset id whose snapshot is in the local
+  hub cache — nothing is downloaded) read *streaming* by the ``datasets`` library,
   so memory does not grow with the corpus. Documents are sharded across ranks by
   ``datasets.distributed.split_dataset_by_node`` (whole files when their count divides by the
   number of processes, else every n-th document), each rank tokenizes only its own documents,
@@ -36,10 +37,13 @@ import torch
 from aios.data import BadTextFileError
 from aios.errors import ModelNotFoundError, UsageError
 from aios.evaluation import TokenSet
+from aios.models.hub import find_dataset_in_cache, hub_cache_dir, looks_like_hub_id
 
 # file suffix -> datasets builder; one format per corpus
 BUILDERS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text",
             ".parquet": "parquet"}
+# JSON files of datasets' own bookkeeping, never corpus text (hub snapshots, save_to_disk)
+METADATA_FILES = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"}
 TEXT_COLUMN = "text"
 TOKENIZE_DOCS = 256  # documents tokenized per batched tokenizer call
 SHUFFLE_WINDOWS = 256  # windows in the seeded shuffle buffer of a streamed corpus
@@ -86,10 +90,19 @@ def resolve_files(spec: str | Path) -> tuple[list[Path], str]:
     their ``datasets`` builder. One clear sentence when nothing usable matches."""
     text = str(spec)
     p = Path(text).expanduser()
+    if not p.exists() and looks_like_hub_id(text):  # a hub dataset, if the cache has it
+        snap = find_dataset_in_cache(text)
+        if snap is None:
+            raise ModelNotFoundError(
+                f"Training data '{text}' is not a local path and not a dataset in the hub cache "
+                f"({hub_cache_dir()}); fetch it first (`huggingface-cli download --repo-type "
+                f"dataset {text}`).")
+        p = snap
     if p.is_file():
         files = [p]
     elif p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in BUILDERS)
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in BUILDERS
+                       and f.name not in METADATA_FILES and not f.name.startswith("."))
         if not files:
             raise ModelNotFoundError(f"Training data folder {p} holds no {', '.join(BUILDERS)} "
                                      "files (not found).")

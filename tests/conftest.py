@@ -125,13 +125,15 @@ def gguf_file(tmp_path):
     return make
 
 
-def populate_fake_hub_cache(cache: Path, hub_id: str, source: Path, revision_sha: str | None = None) -> Path:
+def populate_fake_hub_cache(cache: Path, hub_id: str, source: Path, revision_sha: str | None = None,
+                            repo_type: str = "model") -> Path:
     """Lay ``source``'s files out exactly as huggingface_hub's cache does.
 
-    ``models--org--name/blobs/<sha256>`` hold the bytes, ``snapshots/<commit>/<file>`` are
-    relative symlinks to them, and ``refs/main`` holds the commit hash.
+    ``models--org--name/blobs/<sha256>`` (``datasets--`` for a dataset) hold the bytes,
+    ``snapshots/<commit>/<file>`` are relative symlinks to them, and ``refs/main`` holds the
+    commit hash.
     """
-    repo = cache / ("models--" + hub_id.replace("/", "--"))
+    repo = cache / (f"{repo_type}s--" + hub_id.replace("/", "--"))
     commit = revision_sha or hashlib.sha1(hub_id.encode()).hexdigest()
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     (repo / "refs").mkdir(exist_ok=True)

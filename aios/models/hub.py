@@ -61,6 +61,23 @@ def find_in_cache(hub_id: str, revision: str = "main") -> Path | None:
     return path if (path / "config.json").is_file() or any(path.glob("*.gguf")) else None
 
 
+def find_dataset_in_cache(dataset_id: str, revision: str = "main") -> Path | None:
+    """The snapshot folder of the hub *dataset* ``dataset_id`` in the local cache, or None
+    (``datasets--org--name``; huggingface_hub resolves it with ``local_files_only=True``)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache_dir()
+    if not (cache / ("datasets--" + dataset_id.replace("/", "--"))).is_dir():
+        return None
+    try:
+        path = snapshot_download(dataset_id, repo_type="dataset", revision=revision,
+                                 cache_dir=str(cache), local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        return None
+    return Path(path)
+
+
 class DownloadError(AiosError):
     exit_code = ExitCode.NOT_EVALUATED
 

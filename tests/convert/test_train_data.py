@@ -234,3 +234,23 @@ def test_streaming_memory_is_flat(tmp_path):
 def test_streaming_memory_is_flat_at_1_gib(tmp_path):
     """The issue's acceptance size: a 1 GiB corpus against 100 MiB (about 5 minutes)."""
     _flat(tmp_path, 100, 1024)
+
+
+def test_hub_dataset_from_the_local_cache(tok, tmp_path, clean_hf_env):
+    """A dataset id resolves to its snapshot in the hub cache (never the network); metadata JSON
+    of the snapshot is not read as text; an id that is not cached is one sentence."""
+    from tests.conftest import populate_fake_hub_cache
+
+    src = tmp_path / "repo"
+    src.mkdir()
+    _parquet(src / "train-00000-of-00001.parquet")
+    (src / "dataset_infos.json").write_text("{}")
+    (src / "README.md").write_text("# card")
+    snap = populate_fake_hub_cache(clean_hf_env, "acme/pydoc-text", src, repo_type="dataset")
+    files, builder = resolve_files("acme/pydoc-text")
+    assert builder == "parquet" and [f.name for f in files] == ["train-00000-of-00001.parquet"]
+    assert files[0].parent == snap
+    got = StreamedWindows("acme/pydoc-text", tok, 16, 0, shuffle_windows=1).next_batch(4)
+    assert torch.equal(got.flatten(), torch.tensor(_stream(tok)[:64]))
+    with pytest.raises(ModelNotFoundError, match="not a dataset in the hub cache"):
+        resolve_files("acme/not-cached")
