@@ -170,9 +170,9 @@ def prepare(dist: Dist, model: torch.nn.Module, opt_factory: Callable[[torch.nn.
             gradient_checkpointing: bool = False):
     """Wrap ``model`` for the run (DDP / FSDP / nothing) and build its optimizer."""
     if gradient_checkpointing:
-        if not hasattr(model, "gradient_checkpointing_enable"):
+        if not hasattr(model, "activation_checkpointing_enable"):
             raise UsageError("--gradient-checkpointing needs a transformers model.")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})
     model = model.to(dist.device)
     if dist.strategy == "FSDP":  # FSDP shards the parameters first; the optimizer takes the shards
         model = dist.acc.prepare(model)

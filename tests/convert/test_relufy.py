@@ -187,6 +187,20 @@ def test_unreadable_or_short_training_data(lm, tmp_path):
     assert res.provenance["data"]["train"]["format"] == "text"
 
 
+def test_gradient_checkpointing_changes_memory_not_weights(lm, tmp_path):
+    """Recomputed activations (the L1 penalty's hooks fire again in the backward pass) give the
+    same update as stored ones."""
+    src = lm("falcon")
+    cfg = RelufyConfig(steps=3, batch=2, seq_len=16, l1=0.5, l1_start=0.0)
+    for name, gc in (("plain", False), ("gc", True)):
+        relufy(str(src), tmp_path / name, cfg, checkpoint_every=0, calibration_samples=CAL,
+               gradient_checkpointing=gc)
+    assert (tmp_path / "gc" / "model.safetensors").read_bytes() == \
+        (tmp_path / "plain" / "model.safetensors").read_bytes()
+    assert json.loads((tmp_path / "gc" / PROVENANCE_FILE).read_text())["training"][
+        "gradient_checkpointing"] is True
+
+
 def test_streamed_parquet_folder_token_budget_and_heldout_file(lm, tmp_path):
     """--train-data as a folder of Parquet files, a token budget instead of steps, gradient
     accumulation and a held-out file: the provenance records each."""
@@ -233,6 +247,11 @@ def test_cli_exit_codes(lm, tmp_path):
     (tmp_path / "exists").mkdir()
     r = runner.invoke(main, ["relufy", str(src), "-o", str(tmp_path / "exists"), "--steps", "1"])
     assert r.exit_code == 2 and "already exists" in r.output
+    r = runner.invoke(main, ["relufy", str(src), "-o", str(tmp_path / "o"), "--batch-tokens", "100",
+                             "--seq-len", "16"])
+    assert r.exit_code == 2 and "not a multiple of --seq-len 16" in r.output
+    r = runner.invoke(main, ["relufy", str(src), "-o", str(tmp_path / "o"), "--tokens", "2X"])
+    assert r.exit_code == 2 and "not a token count" in r.output
     r = runner.invoke(main, ["relufy", str(src), "-o", str(tmp_path / "ok"), "--steps", "2",
                              "--batch", "2", "--seq-len", "16", "--l1", "0"])
     assert r.exit_code == 0, r.output
