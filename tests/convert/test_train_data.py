@@ -221,6 +221,8 @@ def _env() -> dict:
 def _flat(tmp_path: Path, small: int, big: int) -> None:
     a = _peak(_corpus(tmp_path / "small.jsonl", small))
     b = _peak(_corpus(tmp_path / "big.jsonl", big))
+    print(f"peak RSS {a['peak_rss_kb'] / 1024:.0f} MiB over {small} MiB ({a['windows']} windows), "
+          f"{b['peak_rss_kb'] / 1024:.0f} MiB over {big} MiB ({b['windows']} windows)")
     assert b["windows"] > 3 * a["windows"]
     assert b["peak_rss_kb"] <= 1.10 * a["peak_rss_kb"], (a, b)
 
