@@ -40,6 +40,7 @@ class BenchRow:
     decode_tokens_per_s: float
     decode_mb_per_token: dict[str, float]  # by term, measured by the software counter
     decode_mb_per_token_total: float
+    arithmetic: str  # the block kernels' arithmetic for this file's types (runtime.kernels.arithmetic_label)
     ffn_density: float | None  # nonzero FFN activations / all, during decode
     distinct_weight_mb_per_token: float | None = None  # one decode step, each stored tensor counted once
     predictor_fnr: float | None = None  # predict mode, decode: firing neurons predicted silent / firing
@@ -63,6 +64,14 @@ class BenchRow:
 def decode_mb_per_token(tm: Timing) -> dict[str, float]:
     """Measured MB read per decode step, by term (weights, kv_cache, activations)."""
     return {k: v / max(1, tm.generated) / 1e6 for k, v in tm.decode_bytes.items()}
+
+
+def model_arithmetic(model: Model) -> str:
+    """The arithmetic the model's matmuls run in, from its tensor types and the process's
+    setting: "int8 (Q8_0 activations, ...)" or "float" (runtime.kernels.arithmetic_label)."""
+    from runtime.kernels import arithmetic_label
+
+    return arithmetic_label({t.tensor_type.name for t in model.reader.tensors})
 
 
 def shares_weights(rows: list[dict]) -> bool:
@@ -158,6 +167,7 @@ def _measure_row(model: Model, path: Path, mode: str, ids: list[int], n: int, ch
         prefill_tokens_per_s=round(tm.prefill_tps, 2), decode_tokens_per_s=round(tm.decode_tps, 2),
         decode_mb_per_token={k: round(v, 6) for k, v in per_tok.items()},
         decode_mb_per_token_total=round(sum(per_tok.values()), 6),
+        arithmetic=model_arithmetic(model),
         distinct_weight_mb_per_token=distinct,
         ffn_density=round(density, 6),
         **_prediction_stats(model),
@@ -197,10 +207,13 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
           chunk: int = 64, tokenizer: str | None = None, project: bool = True,
           predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
           cachegrind_tokens: tuple[int, int] = (2, 6), perplexity_tokens: int = 0, progress=None,
-          threads: int | None = None) -> dict:
-    from runtime.kernels import set_threads
+          threads: int | None = None, arithmetic: str | None = None) -> dict:
+    from runtime.kernels import set_arithmetic, set_threads
+    from runtime.kernels import arithmetic as arithmetic_now
 
     threads = set_threads(threads)  # default: physical cores
+    if arithmetic is not None:  # else the process's setting (default int8)
+        set_arithmetic(arithmetic)
     modes = modes or ["dense"]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -247,7 +260,8 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         "tool_version": __version__,
         "evidence": "measured (software byte counter: bytes the runtime's kernels read)",
         "settings": {"prompt_tokens": prompt_tokens, "new_tokens": n, "chunk": chunk, "modes": modes,
-                     "perplexity_tokens": perplexity_tokens, "threads": threads},
+                     "perplexity_tokens": perplexity_tokens, "threads": threads,
+                     "arithmetic": arithmetic_now()},
         "baseline": {"file": base.file, "mode": base.mode},
         "rows": [asdict(r) for r in rows],
         "skipped": skipped,
@@ -261,9 +275,9 @@ def to_markdown(result: dict) -> str:
         f"Baseline: `{Path(result['baseline']['file']).name}` [{result['baseline']['mode']}] · "
         f"{result['settings']['prompt_tokens']} prompt tokens, {result['settings']['new_tokens']} generated.",
         "",
-        "| File | Mode | Prefill tok/s | Decode tok/s | MB/token weights | KV | activations | total "
+        "| File | Mode | Arithmetic | Prefill tok/s | Decode tok/s | MB/token weights | KV | activations | total "
         "| distinct weights | FFN density | Measured reduction | Projected reduction | Measured / projected |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         mb = r["decode_mb_per_token"]
@@ -273,7 +287,7 @@ def to_markdown(result: dict) -> str:
 
         mode = r["mode"] + (" (lossy)" if r["lossy"] else "")
         lines.append(
-            f"| {Path(r['file']).name} | {mode} | {r['prefill_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} "
+            f"| {Path(r['file']).name} | {mode} | {r.get('arithmetic', '—')} | {r['prefill_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} "
             f"| {mb['weights']:.4f} | {mb['kv_cache']:.4f} | {mb['activations']:.4f} | {r['decode_mb_per_token_total']:.4f} "
             f"| {'—' if r.get('distinct_weight_mb_per_token') is None else format(r['distinct_weight_mb_per_token'], '.4f')} | {pct(r['ffn_density'])} | {pct(r['reduction_vs_baseline'])} | {pct(r['projected_reduction'])} "
             f"| {'—' if r['measured_over_projected'] is None else r['measured_over_projected']} |"

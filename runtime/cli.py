@@ -14,6 +14,7 @@ import click
 from rich.table import Table
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option
+from runtime.kernels import ARITHMETICS
 from runtime.modes import MODES
 
 console = make_console()
@@ -21,6 +22,9 @@ MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations
              "lossy), predict (low-rank activation predictor picks up/gate rows, lossy; see fit-predictor).")
 PREDICTOR_HELP = "Predictor file for --mode predict (default: MODEL with suffix .predictor.npz)."
 THREADS_HELP = "Threads for the kernels (default: this machine's physical cores)."
+ARITHMETIC_HELP = ("Block-quantized matmuls: int8 (activations quantized to 8-bit blocks per matmul, integer "
+                   "dot products, as llama.cpp; Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL) or float (weights decoded to "
+                   "float, float activations; K-quants always).")
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
@@ -61,19 +65,22 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
 @click.option("--ctx", "--context", "n_ctx", type=int, default=None, help="Context length (default: the model's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help="Folder with tokenizer.json (default: from the GGUF).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
+@click.option("--arithmetic", type=click.Choice(ARITHMETICS), default=ARITHMETICS[0], show_default=True,
+              help=ARITHMETIC_HELP)
 def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer,
-             threads) -> None:
+             threads, arithmetic) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
-    from runtime.bench import decode_mb_per_token
+    from runtime.bench import decode_mb_per_token, model_arithmetic
     from runtime.generate import Sampling, load_tokenizer
     from runtime.generate import generate as gen
-    from runtime.kernels import set_threads
+    from runtime.kernels import set_arithmetic, set_threads
     from runtime.model import Model
     from runtime.modes import LOSSY_MODES
 
     import time
 
     threads = set_threads(threads)
+    set_arithmetic(arithmetic)
     path = Path(model)
     t0 = time.perf_counter()
     m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
@@ -96,6 +103,7 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
         f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s, {tm.generated} decode steps at "
         f"{tm.decode_tps:.1f} tok/s; measured MB/token {sum(per.values()):.3f} (weights {per['weights']:.3f}, "
         f"KV {per['kv_cache']:.3f}, activations {per['activations']:.3f}); mode {mode}{label}; {threads} thread{'s' if threads != 1 else ''}; "
+        f"arithmetic {model_arithmetic(m)}; "
         f"load {load_s:.2f} s (not in the rates)[/]",
         soft_wrap=True,
     )
@@ -160,8 +168,10 @@ def _two_ints(text: str) -> tuple[int, int]:
                    "(e.g. the original model of a relufied one) instead of the first MODEL.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the full result as JSON (without -o).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
+@click.option("--arithmetic", type=click.Choice(ARITHMETICS), default=ARITHMETICS[0], show_default=True,
+              help=ARITHMETIC_HELP)
 def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, predictor, perplexity_tokens,
-          cachegrind, ll_size, cachegrind_tokens, out_dir, baseline_model, as_json, threads) -> None:
+          cachegrind, ll_size, cachegrind_tokens, out_dir, baseline_model, as_json, threads, arithmetic) -> None:
     """Run MODELS side by side; the first run (or --baseline-model) is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench
     from runtime.bench import shares_weights, write_bench
@@ -174,16 +184,17 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                     perplexity_tokens=perplexity_tokens,
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens),
                     progress=_bench_progress,
-                    threads=threads)
+                    threads=threads, arithmetic=arithmetic)
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
     ppl = perplexity_tokens > 0
     shared = shares_weights(res["rows"])  # aliased file: also its distinct weight bytes per step
-    for col in ("file", "mode", "decode tok/s", "MB/token") + (("distinct weights MB",) if shared else ()) + (
+    for col in ("file", "mode", "arithmetic", "decode tok/s", "MB/token") + (("distinct weights MB",) if shared else ()) + (
             "FFN density", "measured red.", "projected red.", "meas/proj") + (("held-out ppl",) if ppl else ()):
         t.add_column(col)
     for r in res["rows"]:
         pct = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
-        t.add_row(Path(r["file"]).name, r["mode"] + (" (lossy)" if r["lossy"] else ""), f"{r['decode_tokens_per_s']:.1f}",
+        t.add_row(Path(r["file"]).name, r["mode"] + (" (lossy)" if r["lossy"] else ""), r["arithmetic"],
+                  f"{r['decode_tokens_per_s']:.1f}",
                   f"{r['decode_mb_per_token_total']:.4f}",
                   *((f"{r['distinct_weight_mb_per_token'] or 0:.4f}",) if shared else ()), pct(r["ffn_density"]), pct(r["reduction_vs_baseline"]),
                   pct(r["projected_reduction"]), str(r["measured_over_projected"] or "—"),

@@ -21,6 +21,17 @@ sparse paths need) and prefetch the next group's rows. LLVM lowers the generic v
 types to what the CPU has (AVX-512, AVX2, NEON). Rows whose length is not a multiple of 32
 (F32/F16/BF16 only; block formats are whole blocks) take a plain numba loop.
 
+Arithmetic of the 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), process-wide
+(``set_arithmetic``; ``aios-run generate/bench --arithmetic``): "int8", the default, does what
+llama.cpp does: each activation row is quantized once per matmul to int8 blocks of 32 with a
+float scale per block (ggml's quantize_row_q8_0), and each weight block meets it in an integer
+dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR elsewhere,
+picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
+the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
+float and multiplies the float activations: exact to float32 rounding, what the parity tests
+compare with gguf-py's dequantized weights (``mm_block`` is always this path). The K-quants
+always run float.
+
 The intrinsics live in this file on purpose: numba's on-disk cache is invalidated by the
 timestamp of the file that defines a kernel only, so intrinsics in another module could
 leave stale compiled kernels behind after an edit.
@@ -297,6 +308,8 @@ assert all(block_size(t) == QK for t in B32) and QK == V32F.count  # one block, 
 # where the quants start and whether a block has a minimum m (fp16 right after d)
 B32_QS = {"q8_0": 2, "q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8, "iq4_nl": 2}
 B32_AFFINE = {"q4_1", "q5_1"}
+B32_OFFSET = {"q4_0": 8, "q5_0": 16}  # subtracted from the stored unsigned quants
+B32_SIGNED = {"q8_0", "iq4_nl"}  # quants stored as signed values
 assert B32_BYTES == {t: B32_QS[t] + (QK if t == "q8_0" else QK // 2) for t in B32}
 # ggml's non-linear 4-bit value table (ggml-common.h kvalues_iq4nl; gguf-py's IQ4_NL.kvalues)
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -328,19 +341,27 @@ def _qh_bits(b, p, off):
     return b.shl(b.trunc(v, V32I8), _c(V32I8, [4] * 32))
 
 
-def _b32_values(b, fmt, p, base):
-    """The block's 32 quant values as <32 x float> (before d and m)."""
+def _b32_quants(b, fmt, p, base, offset=True):
+    """The block's 32 quant values as <32 x i8> (before d and m). With ``offset=False`` Q4_0 and
+    Q5_0 give their stored unsigned 0..15 / 0..31 (the value is that minus B32_OFFSET); the
+    affine types' values are unsigned either way (0..15 / 0..31), Q8_0 and IQ4_NL's signed."""
     qs = b.add(base, _c(base.type, B32_QS[fmt]))
     if fmt == "q8_0":
-        return b.sitofp(_vload(b, p, qs, V32I8, 1), V32F)
+        return _vload(b, p, qs, V32I8, 1)
     n = _nibbles(b, p, qs)
     if fmt == "iq4_nl":
-        return b.sitofp(_lookup16(b, n), V32F)
+        return _lookup16(b, n)
     if fmt in ("q5_0", "q5_1"):
         n = b.or_(n, _qh_bits(b, p, b.add(base, _c(base.type, B32_QS[fmt] - 4))))
-    if fmt in B32_AFFINE:
-        return b.uitofp(n, V32F)
-    return b.sitofp(b.sub(n, _c(V32I8, [16 if fmt == "q5_0" else 8] * 32)), V32F)
+    if fmt in B32_AFFINE or not offset:
+        return n
+    return b.sub(n, _c(V32I8, [B32_OFFSET[fmt]] * 32))
+
+
+def _b32_values(b, fmt, p, base):
+    """The block's 32 quant values as <32 x float> (before d and m)."""
+    q = _b32_quants(b, fmt, p, base)
+    return b.uitofp(q, V32F) if fmt in B32_AFFINE else b.sitofp(q, V32F)
 
 
 def _dot4_b32_codegen(fmt):
@@ -413,6 +434,213 @@ def _dot4_b32(fmt):
 # four rows of 32-value blocks (the file's bytes) · x over nb blocks; rows p0..p3 prefetched
 dot4_q8_0, dot4_q4_0, dot4_q4_1 = _dot4_b32("q8_0"), _dot4_b32("q4_0"), _dot4_b32("q4_1")
 dot4_q5_0, dot4_q5_1, dot4_iq4_nl = _dot4_b32("q5_0"), _dot4_b32("q5_1"), _dot4_b32("iq4_nl")
+
+
+# --- the same blocks times 8-bit activations: integer block dot products ("int8" arithmetic) ----
+# llama.cpp's scheme: each activation row is quantized once per matmul to int8 blocks of 32 with
+# one float scale d_x per block (ggml's quantize_row_q8_0; ``quantize_q8``), so a block's
+# contribution is d_w·d_x·Σ q_w·q_x with Σ q_w·q_x exact in int32. The integer dot multiplies
+# unsigned by signed bytes (the shape of x86's vpdpbusd / pmaddubsw): Q8_0 and IQ4_NL as
+# |q_w| · (sign(q_w)·q_x) (q_x is never −128), the 4/5-bit types as their stored unsigned quant
+# n · q_x with the offset (Q4_0 8, Q5_0 16) or minimum (Q4_1/Q5_1) added once per block as
+# −8·d_w·s_x or m_w·s_x, s_x = d_x·Σ q_x (ggml's Q8_1 sum). Two blocks go through one 64-byte
+# integer dot, giving <16 x i32> (lanes 0-7 the first block's partial sums), one int → float
+# conversion and one multiply-add by the pair's d_w·d_x.
+#
+# LLVM does not form vpdpbusd from plain IR (measured: <32 x i8> sext/mul/add patterns compiled
+# to vpmullw + vphaddw + vpmovsxwd, slower than the float path), so the instruction is chosen
+# from the CPU's features when numba compiles (numba compiles and caches for the host CPU):
+# AVX-512 VNNI: llvm.x86.avx512.vpdpbusd.512 (one zmm per block pair); AVX-VNNI: two
+# vpdpbusd.256; AVX2: pmaddubsw + pmaddwd by ones (llama.cpp's mul_sum_us8_pairs); anything
+# else: portable widen-multiply-add IR. On this project's Xeon (AVX-512 VNNI) the pair step per
+# row is vpdpbusd zmm + vcvtdq2ps + vpermps + vfmadd (numba's inspect_asm; the check is
+# tests/runtime/test_kernels_int.py::test_int_kernel_emits_integer_dot).
+V16I32 = ir.VectorType(I32, 16)
+V16F = ir.VectorType(F32, 16)
+V64I8 = ir.VectorType(I8, 64)
+
+
+def int_dot_features() -> str:
+    """The integer dot the int8 kernels are built with here: "avx512vnni", "avxvnni", "avx2" or
+    "generic" (numba's target CPU: the host, unless NUMBA_CPU_NAME names another)."""
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        feats = {f[1:] for f in (config.CPU_FEATURES or "").split(",") if f.startswith("+")}
+    else:
+        feats = {k for k, v in binding.get_host_cpu_features().items() if v}
+    if {"avx512vnni", "avx512bw"} <= feats:
+        return "avx512vnni"
+    if "avxvnni" in feats:
+        return "avxvnni"
+    return "avx2" if "avx2" in feats else "generic"
+
+
+INT_DOT_NAMES = {"avx512vnni": "AVX-512 VNNI vpdpbusd", "avxvnni": "AVX-VNNI vpdpbusd",
+                 "avx2": "AVX2 pmaddubsw", "generic": "portable integer IR"}
+
+
+def _declare(b, name, ret, args):
+    fn = b.module.globals.get(name)
+    return fn if fn is not None else ir.Function(b.module, ir.FunctionType(ret, args), name)
+
+
+def _split(b, v, lo, n):
+    return b.shuffle_vector(v, v, _c(ir.VectorType(I32, n), list(range(lo, lo + n))))
+
+
+def _concat(b, x, y):
+    n = x.type.count
+    return b.shuffle_vector(x, y, _c(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+
+
+def _idot_u8s8(b, u, s, how):
+    """<16 x i32>: lane l = Σ_{i<4} u[4l+i]·s[4l+i] for <64 x i8> u (unsigned) and s (signed)."""
+    V8I32 = ir.VectorType(I32, 8)
+    if how == "avx512vnni":
+        fn = _declare(b, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
+        return b.call(fn, [_c(V16I32, [0] * 16), b.bitcast(u, V16I32), b.bitcast(s, V16I32)])
+    halves = []
+    for h in (0, 32):
+        uh, sh = _split(b, u, h, 32), _split(b, s, h, 32)
+        if how == "avxvnni":
+            fn = _declare(b, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32] * 3)
+            halves.append(b.call(fn, [_c(V8I32, [0] * 8), b.bitcast(uh, V8I32), b.bitcast(sh, V8I32)]))
+        elif how == "avx2":
+            V16I16 = ir.VectorType(I16, 16)
+            p16 = b.call(_declare(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8]), [uh, sh])
+            halves.append(b.call(_declare(b, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16]),
+                                 [p16, _c(V16I16, [1] * 16)]))
+        else:
+            V32I32 = ir.VectorType(I32, 32)
+            prod = b.mul(b.zext(uh, V32I32), b.sext(sh, V32I32))
+            parts = [b.shuffle_vector(prod, prod, _c(V8I32, list(range(i, 32, 4)))) for i in range(4)]
+            halves.append(b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3])))
+    return _concat(b, halves[0], halves[1])
+
+
+def _zeros16(k):
+    z = _c(V16F, [0.0] * 16)
+    return ir.Constant(ir.LiteralStructType([V16F] * k), [z] * k)
+
+
+def _dot4_b32_int_codegen(fmt):
+    nbytes = B32_BYTES[fmt]
+    affine = fmt in B32_AFFINE
+    shifted = affine or fmt in B32_OFFSET  # a per-block term m_w·s_x or −offset·d_w·s_x
+    signed = fmt in B32_SIGNED
+    chunk_blocks = 16  # as _dot4_b32_codegen: 16 blocks' scales converted at once
+    nacc = 2 * ROWS if shifted else ROWS  # ROWS × Σ d_w·d_x·(int sums), then ROWS × the shift terms
+
+    def codegen(context, builder, sig, args):
+        # args: w0..w3, p0..p3 (uint8 rows of blocks), xq (int8, nb·32), xd (d_x per block),
+        # xs (s_x per block; read by the shifted types only), nb
+        how = int_dot_features()
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        xq, xd, xs = (_data(context, builder, sig.args[2 * ROWS + u], args[2 * ROWS + u]) for u in range(3))
+        nb = args[2 * ROWS + 3]
+        ity = nb.type
+
+        def operands(w, x):  # (unsigned, signed) bytes whose products are q_w·q_x (before the offset)
+            if not signed:
+                return w, x
+            neg = builder.icmp_signed("<", w, _c(w.type, [0] * w.type.count))
+            zero = _c(w.type, [0] * w.type.count)
+            return builder.select(neg, builder.sub(zero, w), w), builder.select(neg, builder.sub(zero, x), x)
+
+        def add_to(accs, j, v):
+            return builder.insert_value(accs, builder.fadd(builder.extract_value(accs, j), v, flags=FAST), j)
+
+        def shift_w(j, base):  # the field multiplying s_x: m_w (affine) or −offset·d_w
+            if affine:
+                return _f16_at(builder, ws[j], builder.add(base, _c(ity, 2)))
+            return builder.fmul(_f16_at(builder, ws[j], base), _c(F32, -float(B32_OFFSET[fmt])), flags=FAST)
+
+        def pair(b0, u, accs, sv):
+            # blocks b0+u, b0+u+1 of the chunk; sv[j]: the chunk's d_w·d_x of row j
+            blk = builder.add(b0, _c(ity, u))
+            x = _vload(builder, xq, builder.mul(blk, _c(ity, QK)), V64I8, 1)
+            for j in range(ROWS):
+                base = builder.mul(blk, _c(ity, nbytes))
+                w = _concat(builder, _b32_quants(builder, fmt, ws[j], base, offset=False),
+                            _b32_quants(builder, fmt, ws[j], builder.add(base, _c(ity, nbytes)), offset=False))
+                isum = _idot_u8s8(builder, *operands(w, x), how)
+                sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, [u] * 8 + [u + 1] * 8))
+                accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
+            return accs
+
+        def chunk(c, accs):
+            b0 = builder.mul(c, _c(ity, chunk_blocks))
+            for j in range(ROWS):
+                _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64)
+            v16h = ir.VectorType(I16, chunk_blocks)
+
+            def f16s(j, k):  # the chunk's 16 fp16 field k (0: d, 1: m) of row j, one conversion
+                v = ir.Constant(v16h, ir.Undefined)
+                for u in range(chunk_blocks):
+                    off = builder.add(builder.mul(builder.add(b0, _c(ity, u)), _c(ity, nbytes)), _c(ity, 2 * k))
+                    v = builder.insert_element(v, builder.load(builder.bitcast(builder.gep(ws[j], [off]),
+                                                                               I16.as_pointer()), align=1), _c(I32, u))
+                return builder.fpext(builder.bitcast(v, ir.VectorType(HALF, chunk_blocks)), V16F)
+
+            dw = [f16s(j, 0) for j in range(ROWS)]
+            dx = _vload(builder, xd, b0, V16F, 4)
+            sv = [builder.fmul(dw[j], dx, flags=FAST) for j in range(ROWS)]
+            if shifted:  # lane u: block u's m_w·s_x or −offset·d_w·s_x
+                sx = _vload(builder, xs, b0, V16F, 4)
+                for j in range(ROWS):
+                    f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
+                                                               flags=FAST)
+                    accs = add_to(accs, ROWS + j, builder.fmul(f, sx, flags=FAST))
+            for u in range(0, chunk_blocks, 2):
+                accs = pair(b0, u, accs, sv)
+            return accs
+
+        def tail(blk, accs):  # one block, its bytes in the first half of a pair (the rest zero)
+            base = builder.mul(blk, _c(ity, nbytes))
+            z32 = _c(V32I8, [0] * 32)
+            x = _concat(builder, _vload(builder, xq, builder.mul(blk, _c(ity, QK)), V32I8, 1), z32)
+            dx = builder.load(builder.gep(xd, [blk]))
+            zero16 = _c(V16F, [0.0] * 16)
+            for j in range(ROWS):
+                w = _concat(builder, _b32_quants(builder, fmt, ws[j], base, offset=False), z32)
+                isum = _idot_u8s8(builder, *operands(w, x), how)
+                sc = _splat(builder, builder.fmul(_f16_at(builder, ws[j], base), dx, flags=FAST), 16)
+                accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
+                if shifted:
+                    t = builder.fmul(shift_w(j, base), builder.load(builder.gep(xs, [blk])), flags=FAST)
+                    accs = add_to(accs, ROWS + j, builder.insert_element(zero16, t, _c(I32, 0)))
+            return accs
+
+        nchunk = builder.sdiv(nb, _c(ity, chunk_blocks))
+        accs = _loop(builder, nchunk, _zeros16(nacc), chunk)
+        accs = _loop(builder, nb, accs, tail, start=builder.mul(nchunk, _c(ity, chunk_blocks)))
+        out = []
+        for j in range(ROWS):
+            v = builder.extract_value(accs, j)
+            if shifted:
+                v = builder.fadd(v, builder.extract_value(accs, ROWS + j), flags=FAST)
+            out.append(_hsum(builder, v))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return codegen
+
+
+def _dot4_b32_int(fmt):
+    gen = _dot4_b32_int_codegen(fmt)
+
+    def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, xq, xd, xs, nb):
+        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, xq, xd, xs, nb), gen
+
+    typer.__name__ = f"dot4i_{fmt}"
+    return intrinsic(typer)
+
+
+# four rows of 32-value blocks · an int8-quantized x (quants, d_x, s_x per block) over nb blocks
+dot4i_q8_0, dot4i_q4_0, dot4i_q4_1 = _dot4_b32_int("q8_0"), _dot4_b32_int("q4_0"), _dot4_b32_int("q4_1")
+dot4i_q5_0, dot4i_q5_1, dot4i_iq4_nl = _dot4_b32_int("q5_0"), _dot4_b32_int("q5_1"), _dot4_b32_int("iq4_nl")
 
 
 # --- K-quants: 256-value super-blocks (Q2_K 84 B, Q3_K 110 B, Q4_K 144 B, Q5_K 176 B, Q6_K 210 B,
@@ -802,9 +1030,118 @@ def xsum(X, sub):
     return X.reshape(X.shape[0], -1, sub).sum(axis=2, dtype=np.float32)
 
 
+@njit(parallel=True, cache=True)
+def quantize_q8(X, xq, xd, xs):
+    """Each row of X (T, k) as int8 blocks of QK: xq (T, k) int8, xd (T, k/QK) the scales d,
+    xs (T, k/QK) d·Σq (ggml's Q8_1 s). As ggml's quantize_row_q8_0 reference: d = max|x|/127,
+    q = round(x·(1/d)) half away from zero (0 for an all-zero block), but d kept in float32
+    (ggml rounds it to fp16). No fastmath: ``x·(1/d)`` stays as written, so numpy can repeat it."""
+    T, k = X.shape
+    nb = k // QK
+    for t in prange(T):
+        for b in range(nb):
+            o = b * QK
+            amax = np.float32(0.0)
+            for i in range(QK):
+                amax = max(amax, abs(X[t, o + i]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            s = 0
+            for i in range(QK):
+                v = X[t, o + i] * inv
+                q = np.int32(np.floor(abs(v) + np.float32(0.5)))
+                q = -q if v < 0 else q
+                xq[t, o + i] = q
+                s += q
+            xd[t, b] = d
+            xs[t, b] = d * np.float32(s)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uint8; x quantized
+    T = xq.shape[0]
+    nb = xd.shape[1]
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            if kind == 0:
+                y = dot4i_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 1:
+                y = dot4i_q4_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 2:
+                y = dot4i_q4_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 3:
+                y = dot4i_q5_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 4:
+                y = dot4i_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            else:
+                y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            _store4(Y, t, rows, g, y)
+
+
+def quantize_activations(X):
+    """(xq, xd, xs) of ``quantize_q8`` for X (T, k), k a multiple of QK."""
+    T, k = X.shape
+    xq = np.empty((T, k), np.int8)
+    xd = np.empty((T, k // QK), np.float32)
+    xs = np.empty((T, k // QK), np.float32)
+    quantize_q8(X, xq, xd, xs)
+    return xq, xd, xs
+
+
+def mm_block_int8(fmt, W, X, rows, Y):
+    """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES): integer block dot
+    products, what llama.cpp computes (its error is the activations' 8-bit rounding)."""
+    _mm_b32_int(W, *quantize_activations(X), rows, Y, B32_KIND[fmt])
+
+
+def mm_block_arith(fmt, W, X, rows, Y):
+    """``mm_block`` in the process's arithmetic: int8 for INT8_TYPES under "int8", else float.
+    What the runtime's weights call (runtime.weights.KERNELS)."""
+    if fmt in B32_KIND and _ARITHMETIC["name"] == "int8":
+        _mm_b32_int(W, *quantize_activations(X), rows, Y, B32_KIND[fmt])
+    else:
+        mm_block(fmt, W, X, rows, Y)
+
+
+# --- the process-wide arithmetic of the block kernels ----------------------------------------
+ARITHMETICS = ("int8", "float")  # --arithmetic choices; the first is the default
+INT8_TYPES = B32  # block types with an int8-activation kernel (the rest always run float)
+_ARITHMETIC = {"name": ARITHMETICS[0]}
+
+
+def set_arithmetic(name: str) -> str:
+    """Run the block kernels with ``name`` arithmetic: "int8" (activations quantized to int8
+    blocks per matmul, integer block dot products; types outside INT8_TYPES stay float) or
+    "float" (weights decoded to float times float activations). Returns the name in effect."""
+    from aios.errors import UsageError
+
+    if name not in ARITHMETICS:
+        raise UsageError(f"Unknown arithmetic '{name}'; choose from {', '.join(ARITHMETICS)}.")
+    _ARITHMETIC["name"] = name
+    return name
+
+
+def arithmetic() -> str:
+    """The block kernels' arithmetic in effect ("int8" or "float")."""
+    return _ARITHMETIC["name"]
+
+
+def arithmetic_label(kinds=None) -> str:
+    """The arithmetic in effect for the block types ``kinds`` (gguf-py names; None: any), as the
+    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)" or "float"."""
+    lower = None if kinds is None else {k.lower() for k in kinds}
+    if arithmetic() == "float" or (lower is not None and not lower & set(INT8_TYPES)):
+        return "float"
+    extra = "" if lower is None or not lower & set(KQ_TYPES) else "; K-quants float"
+    return f"int8 (Q8_0 activations, {INT_DOT_NAMES[int_dot_features()]}{extra})"
+
+
 def mm_block(fmt, W, X, rows, Y):
     """Y[:, rows] = X @ W[rows]ᵀ for a block type ``fmt`` (our lower-case name: "q8_0", "q4_k",
-    ...); W (n, bytes per row) uint8 holds each row's blocks exactly as the file stores them."""
+    ...); W (n, bytes per row) uint8 holds each row's blocks exactly as the file stores them.
+    Float arithmetic always; ``mm_block_arith`` follows the process's ``set_arithmetic``."""
     if fmt in B32_KIND:
         _mm_b32(W, X, rows, Y, B32_KIND[fmt])
     else:  # types without a minimum get X in place of the (unused) sums

@@ -154,12 +154,13 @@ def _dense_blocks(m: Matrix) -> np.ndarray:
 
 
 def _blocks(kind: str) -> KernelSpec:
-    """The entry of a block type: rows of the file's blocks, multiplied by ``K.mm_block``."""
+    """The entry of a block type: rows of the file's blocks, multiplied by ``K.mm_block_arith``
+    (the 32-value types with int8-quantized activations unless ``K.set_arithmetic("float")``)."""
     fmt = kind.lower()
     assert fmt in K.BLOCK_TYPES, kind
 
     def matmul(m: Matrix, X: np.ndarray, r: np.ndarray, Y: np.ndarray) -> None:
-        K.mm_block(fmt, m.data, X, r, Y)
+        K.mm_block_arith(fmt, m.data, X, r, Y)  # int8 or float activations (K.set_arithmetic)
 
     return KernelSpec("blocks", _load_blocks, matmul, _dense_blocks, _rows_blocks)
 

@@ -203,3 +203,18 @@ def one_thread():
         yield
     torch.set_num_threads(t)
     numba.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def float_arithmetic():
+    """Every test starts with the runtime's block matmuls in float arithmetic (weights decoded,
+    float activations): the parity tests compare the runtime with gguf-py's dequantized weights
+    to 1e-4/1e-5, which is the float path's contract. The default int8 path (activations
+    quantized to 8-bit blocks, as llama.cpp) is tested in tests/runtime/test_kernels_int.py;
+    a test (or a CLI call inside one) that changes the setting is undone afterwards."""
+    from runtime import kernels
+
+    before = kernels.arithmetic()
+    kernels.set_arithmetic("float")
+    yield
+    kernels.set_arithmetic(before)

@@ -1,0 +1,212 @@
+"""The int8-activation block kernels ("--arithmetic int8") against numpy references.
+
+1. ``quantize_q8`` equals ggml's quantize_row_q8_0 written in numpy (d = max|x|/127,
+   q = round half away from zero of x·(1/d)), bit for bit.
+2. The integer block dot products equal a float64 reference that multiplies gguf-py's
+   dequantized weights by the *quantized* activations (tight: 1e-5 of Σ|w·x|, the float32
+   rounding of the scales and the accumulation; the integer sums are exact), for every
+   32-value type, real encodings and random bytes, block counts that do and do not fill the
+   16-block chunk, rows in any order, several tokens.
+3. Against the float path (unquantized activations) they differ only by the activations'
+   8-bit rounding: relative error of Y ≤ 1e-2.
+4. Whole models (tiny-llama exported as Q8_0 and Q4_0): int8 gives the float path's greedy
+   tokens and close logits; the float setting runs the float kernel bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, dequantize, quantize
+
+from runtime import kernels as K
+from runtime.weights import Matrix
+from tests.runtime.quant_blocks import random_blocks
+
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture
+def arithmetic():
+    """Set the process-wide arithmetic inside a test; restored afterwards."""
+    before = K.arithmetic()
+    yield K.set_arithmetic
+    K.set_arithmetic(before)
+
+
+def _q8_numpy(X: np.ndarray):
+    """ggml's quantize_row_q8_0 (reference C) in numpy, d kept in float32."""
+    B = X.reshape(X.shape[0], -1, 32)
+    d = np.abs(B).max(axis=2) / np.float32(127)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1), d, out=inv, where=d != 0)
+    v = B * inv[..., None]
+    q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    return q.astype(np.int8).reshape(X.shape), d.astype(np.float32), (d * q.sum(axis=2)).astype(np.float32)
+
+
+def test_quantize_q8_matches_ggml_reference():
+    X = RNG.standard_normal((3, 32 * 9), dtype=np.float32) * np.float32(3)
+    X[1, 32:64] = 0  # an all-zero block: d = 0, quants 0
+    X[2, 64:96] = np.linspace(-1, 1, 32, dtype=np.float32)  # ties at ±0.5 steps round away from zero
+    xq, xd, xs = K.quantize_activations(X)
+    q, d, s = _q8_numpy(X)
+    assert np.array_equal(xq, q) and np.array_equal(xd, d)
+    np.testing.assert_allclose(xs, s, rtol=1e-6, atol=0)
+    assert np.abs(xq).max() == 127 and xq.min() >= -127  # never −128 (the sign trick relies on it)
+    assert not xq[1, 32:64].any() and xd[1, 1] == 0
+
+
+def _weights(kind: str, n: int, nb: int) -> list[np.ndarray]:
+    raws = [random_blocks(kind, n, nb, RNG)]
+    if kind != "iq4_nl":  # gguf-py has no IQ4_NL encoder
+        raws.append(quantize(RNG.standard_normal((n, 32 * nb), dtype=np.float32) * 0.1,
+                             GGMLQuantizationType[kind.upper()]).reshape(n, -1))
+    return raws
+
+
+def _deq(raw: np.ndarray, kind: str, n: int, k: int) -> np.ndarray:
+    return dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, k).astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", K.INT8_TYPES)
+@pytest.mark.parametrize("nb,T", [(1, 1), (2, 2), (16, 1), (37, 3)])
+def test_int8_kernel_equals_quantized_activation_reference(kind, nb, T):
+    n, k = 9, 32 * nb
+    X = RNG.standard_normal((T, k), dtype=np.float32)
+    xq, xd, _ = _q8_numpy(X)
+    Xq = (xq.reshape(T, nb, 32).astype(np.float64) * xd[..., None]).reshape(T, k)  # what int8 multiplies
+    for raw in _weights(kind, n, nb):
+        W = _deq(raw, kind, n, k)
+        for rows in (np.arange(n), np.arange(n)[::-1].copy(), np.array([n - 1]), np.array([0, 0, n - 1, 3])):
+            Y = np.zeros((T, n), np.float32)
+            K.mm_block_int8(kind, raw, X, rows.astype(np.int64), Y)
+            ref = np.zeros((T, n))
+            r = np.unique(rows)
+            ref[:, r] = Xq @ W[r].T
+            bound = np.zeros((T, n))
+            bound[:, r] = np.abs(Xq) @ np.abs(W[r]).T
+            assert np.all(np.abs(Y - ref) <= 1e-5 * bound + 1e-7), (kind, rows)
+            others = np.setdiff1d(np.arange(n), r)
+            assert not Y[:, others].any()  # rows not asked for stay 0
+
+
+@pytest.mark.parametrize("kind", K.INT8_TYPES)
+def test_int8_is_the_float_path_up_to_activation_rounding(kind):
+    n, nb, T = 64, 40, 2
+    X = RNG.standard_normal((T, 32 * nb), dtype=np.float32)
+    rows = np.arange(n, dtype=np.int64)
+    for raw in _weights(kind, n, nb):
+        Yi, Yf = np.zeros((T, n), np.float32), np.zeros((T, n), np.float32)
+        K.mm_block_int8(kind, raw, X, rows, Yi)
+        K.mm_block(kind, raw, X, rows, Yf)
+        ref = X.astype(np.float64) @ _deq(raw, kind, n, 32 * nb).T  # gguf-py's weights, float x
+        rel = np.linalg.norm(Yi - ref) / np.linalg.norm(ref)
+        assert 1e-5 < rel <= 1e-2, (kind, rel)  # nonzero: the activations really were quantized
+        assert np.linalg.norm(Yf - ref) / np.linalg.norm(ref) <= 1e-5
+
+
+def test_matrix_matmul_follows_the_setting(arithmetic):
+    n, nb = 8, 20
+    raw = _weights("q4_0", n, nb)[1]
+    m = Matrix("w", "Q4_0", n, 32 * nb, raw)
+    X = RNG.standard_normal((2, 32 * nb), dtype=np.float32)
+    rows = np.arange(n, dtype=np.int64)
+    Yi, Yf = np.zeros((2, n), np.float32), np.zeros((2, n), np.float32)
+    K.mm_block_int8("q4_0", raw, X, rows, Yi)
+    K.mm_block("q4_0", raw, X, rows, Yf)
+    arithmetic("int8")
+    assert np.array_equal(m.matmul(X), Yi)
+    arithmetic("float")
+    assert np.array_equal(m.matmul(X), Yf) and not np.array_equal(Yi, Yf)
+
+
+def test_setting_and_labels(arithmetic):
+    from aios.errors import UsageError
+
+    assert K.ARITHMETICS[0] == "int8" and set(K.ARITHMETICS) == {"int8", "float"}
+    with pytest.raises(UsageError):
+        arithmetic("int4")
+    arithmetic("int8")
+    label = K.arithmetic_label({"Q8_0", "F32"})
+    assert label.startswith("int8 (Q8_0 activations, ") and K.INT_DOT_NAMES[K.int_dot_features()] in label
+    assert K.arithmetic_label({"F32", "F16"}) == "float"  # nothing to quantize against
+    assert "K-quants float" in K.arithmetic_label({"Q4_0", "Q6_K"})
+    arithmetic("float")
+    assert K.arithmetic_label({"Q8_0"}) == "float"
+
+
+def test_int_kernel_emits_integer_dot():
+    """The compiled int8 kernel uses the integer dot instruction this CPU has (checked on the
+    generated assembly of a fresh, uncached compilation)."""
+    from numba import njit
+
+    how = K.int_dot_features()
+    want = {"avx512vnni": "vpdpbusd", "avxvnni": "vpdpbusd", "avx2": "vpmaddubsw"}.get(how)
+    if want is None:
+        pytest.skip(f"no x86 integer dot here ({how}): the portable IR runs")
+    dot = K.dot4i_q8_0
+
+    @njit(fastmath=True)
+    def f(W, xq, xd, nb):
+        return dot(W[0], W[1], W[2], W[3], W[4], W[5], W[6], W[7], xq, xd, xd, nb)
+
+    f(np.zeros((8, 34 * 16), np.uint8), np.zeros(512, np.int8), np.zeros(16, np.float32), 16)
+    asm = "\n".join(f.inspect_asm().values())
+    assert want in asm, how
+    assert "vpmullw" not in asm  # the widening-multiply fallback LLVM picks from plain IR
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
+def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
+    from runtime.generate import generate
+    from runtime.model import Model
+
+    path, _ = exported("tiny-llama", outtype)
+    ids = list(range(1, 25))
+    out = {}
+    for a in ("float", "int8"):
+        arithmetic(a)
+        m = Model(path)
+        logits = m.forward(ids, all_logits=True)
+        m.reset()
+        toks, _ = generate(m, ids, 12)
+        out[a] = logits, toks
+    (lf, tf), (li, ti) = out["float"], out["int8"]
+    assert ti == tf  # same greedy continuation
+    err = np.abs(li - lf).max() / np.abs(lf).max()
+    assert 0 < err <= 2e-2, err
+    assert (li.argmax(axis=1) == lf.argmax(axis=1)).mean() >= 0.9
+    # the float setting is the float kernel: every block matmul of the model bit for bit
+    arithmetic("float")
+    m = Model(path)
+    mats = [t for t in m.reader.tensors if t.tensor_type.name == outtype.upper() and len(t.shape) == 2]
+    from runtime.weights import from_gguf_tensor
+
+    X = RNG.standard_normal((2, int(mats[0].shape[0])), dtype=np.float32)
+    w = from_gguf_tensor(mats[0])
+    Y = np.zeros((2, w.n_out), np.float32)
+    K.mm_block(outtype, w.data, X, np.arange(w.n_out, dtype=np.int64), Y)
+    assert np.array_equal(w.matmul(X), Y)
+
+
+def test_cli_arithmetic_option(exported, arithmetic):
+    import json
+
+    from click.testing import CliRunner
+
+    from runtime.cli import main
+
+    path, _ = exported("tiny-llama", "q8_0")
+    for a in ("float", "int8"):
+        res = CliRunner().invoke(main, ["generate", str(path), "-p", "The list type", "-n", "4", "--arithmetic", a])
+        assert res.exit_code == 0, res.output
+        assert f"arithmetic {a}" in res.stdout
+        assert K.arithmetic() == a
+    res = CliRunner().invoke(main, ["bench", str(path), "--no-project", "--prompt-tokens", "8", "-n", "3",
+                                    "--arithmetic", "float", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout[res.stdout.index("{"):])
+    assert data["settings"]["arithmetic"] == "float" and data["rows"][0]["arithmetic"] == "float"
+    res = CliRunner().invoke(main, ["generate", str(path), "-p", "x", "--arithmetic", "int4"])
+    assert res.exit_code == 2
