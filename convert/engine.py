@@ -89,7 +89,9 @@ class Dist:
 
     @property
     def strategy(self) -> str:
-        return str(self.acc.distributed_type).split(".")[-1]
+        """accelerate's distributed type (MULTI_CPU, MULTI_GPU, FSDP, ...) or "single"."""
+        kind = str(self.acc.distributed_type).split(".")[-1]
+        return "single" if kind == "NO" else kind
 
     def barrier(self) -> None:
         self.acc.wait_for_everyone()

@@ -89,6 +89,18 @@ def _cell(v) -> str:
     return fmt(v)
 
 
+def _training_rows(data: dict) -> list[tuple[str, str]]:
+    """(label, value) of the fine-tune run: processes, precision, tokens, measured throughput."""
+    t, tp = data.get("training") or {}, data.get("throughput") or {}
+    rows = [("processes", t.get("world_size")), ("strategy", t.get("strategy")),
+            ("precision", t.get("precision")), ("global batch (tokens)", t.get("global_batch_tokens")),
+            ("micro-batch × accumulation", f"{t['micro_batch']} × {t['gradient_accumulation']}"
+             if "micro_batch" in t else None),
+            ("tokens seen", t.get("tokens_seen")), ("tokens/s (measured)", tp.get("tokens_per_second")),
+            ("tokens/s per process", tp.get("per_rank_tokens_per_second")), ("MFU", tp.get("mfu"))]
+    return [(k, _cell(v)) for k, v in rows if v is not None]
+
+
 def relufy_html(data: dict) -> str:
     metrics = data.get("metrics") or {}
     phases = [p for p, v in metrics.items() if isinstance(v, dict)]
@@ -116,10 +128,13 @@ def relufy_html(data: dict) -> str:
         body = '<p class="warn">No curve and no before/after metrics in this file.</p>'
     sub = (f"source <code>{esc(_source(data))}</code> · {esc(data.get('tool', 'aios-convert relufy'))} "
            f"{esc(data.get('tool_version', ''))}")
-    return page("aios-convert relufy: sparsity vs perplexity", sub, [
-        ("relufy-summary", "Before and after", summary),
-        ("relufy-curve", "Sparsity / perplexity curve", body),
-    ])
+    sections = [("relufy-summary", "Before and after", summary),
+                ("relufy-curve", "Sparsity / perplexity curve", body)]
+    run = _training_rows(data)
+    if run:
+        sections.append(("relufy-training", "Training run", table(["", "value"], [[esc(k), v] for k, v in run])
+                         + f"<p>{ev('measured')} Throughput is wall time of the optimisation steps.</p>"))
+    return page("aios-convert relufy: sparsity vs perplexity", sub, sections)
 
 
 def relufy_markdown(data: dict) -> str:
@@ -136,4 +151,7 @@ def relufy_markdown(data: dict) -> str:
     if pts:
         lines += ["| Step | Exact-zero fraction | Held-out perplexity |", "|---|---|---|"]
         lines += [f"| {s} | {'—' if z is None else z} | {'—' if p is None else p} |" for s, z, p in pts]
+    run = _training_rows(data)
+    if run:
+        lines += ["", "| Training run | |", "|---|---|", *(f"| {k} | {v} |" for k, v in run)]
     return "\n".join(lines) + "\n"

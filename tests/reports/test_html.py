@@ -89,6 +89,15 @@ def test_bench_and_relufy_reports(bench_result, relufy_provenance):
     assert "heldout_perplexity" in section(page, "relufy-summary") and "perplexity_ratio" in page
     minimal = relufy_html(MINIMAL_RELUFY)
     assert len(images(section(minimal, "relufy-curve"))) == 1 and "90" in minimal
+    assert "relufy-training" not in page  # a provenance without a training block: no section
+    run = {**relufy_provenance, "training": {"world_size": 2, "strategy": "MULTI_CPU", "precision": "fp32",
+                                             "micro_batch": 4, "gradient_accumulation": 2, "tokens_seen": 4096},
+           "throughput": {"tokens_per_second": 3210.5, "per_rank_tokens_per_second": [1600.1, 1610.4]}}
+    training = section(relufy_html(run), "relufy-training")
+    assert "MULTI_CPU" in training and "4 × 2" in training and "3210" in training.replace(",", "")
+    from reports.runs import relufy_markdown
+
+    assert "| processes | 2 |" in relufy_markdown(run)
 
 
 def test_report_command_renders_every_kind(tmp_path, falcon_report, bench_result, relufy_provenance):
