@@ -462,12 +462,12 @@ V64I8 = ir.VectorType(I8, 64)
 
 def int_dot_features() -> str:
     """The integer dot the int8 kernels are built with here: "avx512vnni", "avxvnni", "avx2" or
-    "generic" (numba's target CPU: the host, unless NUMBA_CPU_NAME names another)."""
+    "generic", from the features numba compiles for (the host's, or NUMBA_CPU_FEATURES)."""
     from llvmlite import binding
     from numba.core import config
 
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        feats = {f[1:] for f in (config.CPU_FEATURES or "").split(",") if f.startswith("+")}
+    if config.CPU_FEATURES is not None:  # as numba's codegen: these replace the host's features
+        feats = {f.strip()[1:] for f in config.CPU_FEATURES.split(",") if f.strip().startswith("+")}
     else:
         feats = {k for k, v in binding.get_host_cpu_features().items() if v}
     if {"avx512vnni", "avx512bw"} <= feats:
@@ -520,6 +520,44 @@ def _idot_u8s8(b, u, s, how):
     return _concat(b, halves[0], halves[1])
 
 
+# The 4/5-bit types' pair order: both blocks' low nibbles (values 0-15 of block a, then of b),
+# then both high nibbles (values 16-31): two 16-byte loads, one AND and one shift on 32 bytes.
+PAIR_ORDER = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
+
+
+def _lookup16_pshufb(b, n, how):
+    """kvalues_iq4nl[n] for a <64 x i8> of nibbles: vpshufb on the 16-entry table (AVX-512BW
+    zmm or two AVX2 ymm), the select tree elsewhere."""
+    if how == "avx512vnni":
+        fn = _declare(b, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
+        return b.call(fn, [_c(V64I8, list(KVALUES_IQ4NL) * 4), n])
+    if how in ("avxvnni", "avx2"):
+        fn = _declare(b, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
+        t = _c(V32I8, list(KVALUES_IQ4NL) * 2)
+        return _concat(b, b.call(fn, [t, _split(b, n, 0, 32)]), b.call(fn, [t, _split(b, n, 32, 32)]))
+    return _concat(b, _lookup16(b, _split(b, n, 0, 32)), _lookup16(b, _split(b, n, 32, 32)))
+
+
+def _pair_quants(b, fmt, p, base, how):
+    """<64 x i8>: blocks a (at ``base``) and b (the next) as the integer dot's first operand:
+    Q8_0 in natural order (a's 32 then b's 32), the 4/5-bit types in PAIR_ORDER without their
+    offset (unsigned nibbles, IQ4_NL's table values signed)."""
+    ty = base.type
+    if fmt == "q8_0":
+        return _concat(b, _b32_quants(b, fmt, p, base), _b32_quants(b, fmt, p, b.add(base, _c(ty, B32_BYTES[fmt]))))
+    nb = B32_BYTES[fmt]
+    V16I8 = ir.VectorType(I8, 16)
+    qs = [_vload(b, p, b.add(base, _c(ty, B32_QS[fmt] + nb * h)), V16I8, 1) for h in (0, 1)]
+    packed = _concat(b, qs[0], qs[1])
+    n = _concat(b, b.and_(packed, _c(V32I8, [15] * 32)), b.lshr(packed, _c(V32I8, [4] * 32)))
+    if fmt == "iq4_nl":
+        return _lookup16_pshufb(b, n, how)
+    if fmt in ("q5_0", "q5_1"):
+        hb = [_qh_bits(b, p, b.add(base, _c(ty, B32_QS[fmt] - 4 + nb * h))) for h in (0, 1)]
+        n = b.or_(n, b.shuffle_vector(hb[0], hb[1], _c(ir.VectorType(I32, 64), PAIR_ORDER)))
+    return n
+
+
 def _zeros16(k):
     z = _c(V16F, [0.0] * 16)
     return ir.Constant(ir.LiteralStructType([V16F] * k), [z] * k)
@@ -559,15 +597,17 @@ def _dot4_b32_int_codegen(fmt):
             return builder.fmul(_f16_at(builder, ws[j], base), _c(F32, -float(B32_OFFSET[fmt])), flags=FAST)
 
         def pair(b0, u, accs, sv):
-            # blocks b0+u, b0+u+1 of the chunk; sv[j]: the chunk's d_w·d_x of row j
+            # blocks b0+u, b0+u+1 of the chunk; sv[j]: the chunk's d_w·d_x of row j. The weights
+            # come in _pair_quants' order and x is permuted to match once for the four rows.
             blk = builder.add(b0, _c(ity, u))
             x = _vload(builder, xq, builder.mul(blk, _c(ity, QK)), V64I8, 1)
+            if fmt != "q8_0":
+                x = builder.shuffle_vector(x, x, _c(ir.VectorType(I32, 64), PAIR_ORDER))
+            lanes = [u] * 8 + [u + 1] * 8 if fmt == "q8_0" else ([u] * 4 + [u + 1] * 4) * 2
             for j in range(ROWS):
-                base = builder.mul(blk, _c(ity, nbytes))
-                w = _concat(builder, _b32_quants(builder, fmt, ws[j], base, offset=False),
-                            _b32_quants(builder, fmt, ws[j], builder.add(base, _c(ity, nbytes)), offset=False))
+                w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how)
                 isum = _idot_u8s8(builder, *operands(w, x), how)
-                sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, [u] * 8 + [u + 1] * 8))
+                sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, lanes))
                 accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
             return accs
 
@@ -1030,7 +1070,7 @@ def xsum(X, sub):
     return X.reshape(X.shape[0], -1, sub).sum(axis=2, dtype=np.float32)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def quantize_q8(X, xq, xd, xs):
     """Each row of X (T, k) as int8 blocks of QK: xq (T, k) int8, xd (T, k/QK) the scales d,
     xs (T, k/QK) d·Σq (ggml's Q8_1 s). As ggml's quantize_row_q8_0 reference: d = max|x|/127,
@@ -1038,7 +1078,7 @@ def quantize_q8(X, xq, xd, xs):
     (ggml rounds it to fp16). No fastmath: ``x·(1/d)`` stays as written, so numpy can repeat it."""
     T, k = X.shape
     nb = k // QK
-    for t in prange(T):
+    for t in range(T):  # one thread: O(k) per token against the matmul's O(n·k)
         for b in range(nb):
             o = b * QK
             amax = np.float32(0.0)
@@ -1055,6 +1095,19 @@ def quantize_q8(X, xq, xd, xs):
                 s += q
             xd[t, b] = d
             xs[t, b] = d * np.float32(s)
+
+
+@njit(cache=True)
+def quantize_activations(X):
+    """(xq, xd, xs) of ``quantize_q8`` for X (T, k), k a multiple of QK. Its own compiled
+    function, called before the kernel: compiled as a callee of the fastmath kernel, d came out
+    one ulp off ggml's max|x|/127 (measured)."""
+    T, k = X.shape
+    xq = np.empty((T, k), np.int8)
+    xd = np.empty((T, k // QK), np.float32)
+    xs = np.empty((T, k // QK), np.float32)
+    quantize_q8(X, xq, xd, xs)
+    return xq, xd, xs
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -1078,16 +1131,6 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
             else:
                 y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
             _store4(Y, t, rows, g, y)
-
-
-def quantize_activations(X):
-    """(xq, xd, xs) of ``quantize_q8`` for X (T, k), k a multiple of QK."""
-    T, k = X.shape
-    xq = np.empty((T, k), np.int8)
-    xd = np.empty((T, k // QK), np.float32)
-    xs = np.empty((T, k // QK), np.float32)
-    quantize_q8(X, xq, xd, xs)
-    return xq, xd, xs
 
 
 def mm_block_int8(fmt, W, X, rows, Y):
