@@ -552,9 +552,15 @@ def _pair_quants(b, fmt, p, base, how):
     n = _concat(b, b.and_(packed, _c(V32I8, [15] * 32)), b.lshr(packed, _c(V32I8, [4] * 32)))
     if fmt == "iq4_nl":
         return _lookup16_pshufb(b, n, how)
-    if fmt in ("q5_0", "q5_1"):
-        hb = [_qh_bits(b, p, b.add(base, _c(ty, B32_QS[fmt] - 4 + nb * h))) for h in (0, 1)]
-        n = b.or_(n, b.shuffle_vector(hb[0], hb[1], _c(ir.VectorType(I32, 64), PAIR_ORDER)))
+    if fmt in ("q5_0", "q5_1"):  # the fifth bits: both qh words as one 64-lane mask in PAIR_ORDER
+        I64 = ir.IntType(64)
+        qh = [b.zext(b.load(b.bitcast(b.gep(p, [b.add(base, _c(ty, B32_QS[fmt] - 4 + nb * h))]), I32.as_pointer()),
+                            align=1), I64) for h in (0, 1)]
+        lo16 = _c(I64, 0xFFFF)
+        m = b.or_(b.or_(b.and_(qh[0], lo16), b.shl(b.and_(qh[1], lo16), _c(I64, 16))),
+                  b.or_(b.shl(b.lshr(qh[0], _c(I64, 16)), _c(I64, 32)), b.shl(b.lshr(qh[1], _c(I64, 16)), _c(I64, 48))))
+        mask = b.bitcast(m, ir.VectorType(ir.IntType(1), 64))  # lane l = bit l (kmovq + masked move)
+        n = b.or_(n, b.select(mask, _c(V64I8, [16] * 64), _c(V64I8, [0] * 64)))
     return n
 
 
