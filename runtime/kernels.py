@@ -610,9 +610,18 @@ def _dot4_b32_int_codegen(fmt):
             if fmt != "q8_0":
                 x = builder.shuffle_vector(x, x, _c(ir.VectorType(I32, 64), PAIR_ORDER))
             lanes = [u] * 8 + [u + 1] * 8 if fmt == "q8_0" else ([u] * 4 + [u + 1] * 4) * 2
+            # signed weights with VNNI (no pmaddubsw saturation): (q_x+128)·q_w − 128·q_w, the
+            # shifted x made once for the four rows, instead of the per-row sign trick
+            biased = signed and how in ("avx512vnni", "avxvnni")
+            if biased:
+                xb = builder.xor(x, _c(V64I8, [-128] * 64))
             for j in range(ROWS):
                 w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how)
-                isum = _idot_u8s8(builder, *operands(w, x), how)
+                if biased:
+                    isum = builder.sub(_idot_u8s8(builder, xb, w, how),
+                                       _idot_u8s8(builder, _c(V64I8, [-128] * 64), w, how))
+                else:
+                    isum = _idot_u8s8(builder, *operands(w, x), how)
                 sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, lanes))
                 accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
             return accs
