@@ -8,7 +8,11 @@ neurons) and the row-contiguous sparse down projection. Reported as GB/s of stor
 and G values/s, best of --reps, with the stream probe of benchmarks/runtime_vs_llamacpp.py
 measured in the same run (its ratio is the figure that travels between machines).
 
-    python benchmarks/kernels_microbench.py [--gb 0.6] [--reps 3]
+    python benchmarks/kernels_microbench.py [--gb 0.6] [--reps 3] [--arithmetic int8|float|both]
+
+The 32-value block types run in each --arithmetic (default both): ``float`` is ``mm_block`` (weights
+decoded to float, float activations; reported under the type's name), ``int8`` is ``mm_block_int8``
+(the activation quantized to 8-bit blocks inside each call, integer dot products; "<type>_int8").
 
 Quantized matrices are real encodings (gguf-py for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, convert.kquants
 for the K-quants; random valid blocks for IQ4_NL/IQ4_XS, which neither encodes) of one random
@@ -37,6 +41,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=0.6, help="Bytes of distinct matrices per kernel (GB).")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--arithmetic", choices=[*K.ARITHMETICS, "both"], default="both",
+                    help="Arithmetic of the 32-value block types (K-quants and float types: float).")
+    ap.add_argument("--types", default=None, help="Comma-separated subset of the cases (e.g. q8_0,q8_0_int8).")
     args = ap.parse_args()
     from gguf import GGMLQuantizationType as G
     from gguf import quantize
@@ -50,8 +57,11 @@ def main() -> None:
     everything = np.arange(N, dtype=np.int64)
     tenth = np.sort(rng.choice(N, N // 10, replace=False)).astype(np.int64)
     a = rng.standard_normal(N).astype(np.float32)
+    keep = args.types.split(",") if args.types else None
     blocks = {}
     for k in K.BLOCK_TYPES:
+        if keep is not None and k not in keep and f"{k}_int8" not in keep:
+            continue
         if k in kquants.TYPES:
             blocks[k] = np.ascontiguousarray(kquants.quantize(W, k)).reshape(N, -1)
         elif k.startswith("iq4"):
@@ -68,12 +78,18 @@ def main() -> None:
         "f32": ([W], lambda m, Y: K.mm_f32(m[0], x, everything, Y), W.nbytes),
         "f16": ([f16], lambda m, Y: K.mm_f16(m[0], x, everything, Y), f16.nbytes),
         "bf16": ([bf16], lambda m, Y: K.mm_bf16(m[0], x, everything, Y), bf16.nbytes),
-        **{k: ([b], lambda m, Y, k=k: K.mm_block(k, m[0], x, everything, Y), b.nbytes) for k, b in blocks.items()},
+        **{k: ([b], lambda m, Y, k=k: K.mm_block(k, m[0], x, everything, Y), b.nbytes) for k, b in blocks.items()
+           if args.arithmetic != "int8" or k not in K.INT8_TYPES},
+        **{f"{k}_int8": ([b], lambda m, Y, k=k: K.mm_block_int8(k, m[0], x, everything, Y), b.nbytes)
+           for k, b in blocks.items() if args.arithmetic != "float" and k in K.INT8_TYPES},
         "f32_gather_10pct": ([W], lambda m, Y: K.mm_f32(m[0], x, tenth, Y), len(tenth) * D * 4),
         "f32_sparse_down_10pct": ([W], lambda m, Y: K.sparse_rows_f32(m[0], a, tenth, Y[0, :D]), len(tenth) * D * 4),
     }
+    if keep is not None:
+        cases = {k: v for k, v in cases.items() if k in keep}
     probes = stream_bandwidth()
-    out: dict = {"stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()}, "kernels": {}}
+    out: dict = {"stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()}, "kernels": {},
+                 "int8": K.arithmetic_label({"Q8_0"})}
     stream = max(probes.values())
     for name, (arrays, call, nbytes) in cases.items():
         per = sum(a.nbytes for a in arrays)

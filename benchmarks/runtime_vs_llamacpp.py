@@ -5,9 +5,12 @@
    access pattern without its multiplications), each printed.
 2. Our dense f32 decode of a ~1 GB random-init Llama-architecture model: effective weight
    bandwidth (weight bytes read per token × tokens/s) as a fraction of (1).
-3. Decode tokens/s, ours vs llama.cpp (llama-cpp-python, same threads), on the same f32 and
-   q8_0 files (and, for reference, a q4_k file: llama.cpp multiplies K-quants with 8-bit
-   activations and integer dot products, we keep float activations).
+3. Decode tokens/s, ours vs llama.cpp (llama-cpp-python, same threads), on the same f32,
+   q8_0 and q4_0 files (and, for reference, a q4_k file: llama.cpp multiplies K-quants with 8-bit
+   activations and integer dot products, we keep float activations). q8_0 and q4_0 run once per
+   --arithmetic (default both): ``int8`` quantizes the activations to 8-bit blocks per matmul and
+   uses integer dot products as llama.cpp does, ``float`` decodes the weights to float; with both,
+   int8 and float are also paired against each other (``ratio_int8_over_float_*``).
 4. Exact sparse decode of a ReLU model with ≥ 85 % exact-zero FFN activations vs llama.cpp's
    dense decode of the same weights. The model is random-init, built so most gate
    pre-activations are negative (positive residual stream, gate rows shifted by
@@ -22,6 +25,10 @@ the median of the per-round ratios beside each round's ratio, because this machi
 and one slow round should not decide a figure.
 
     python benchmarks/runtime_vs_llamacpp.py [--layers 6] [--tokens 16] [--rounds 3] [--gate-shift 6e-4] [--keep DIR]
+        [--arithmetic int8|float|both] [--quant-only]
+
+--quant-only runs only the q8_0/q4_0 comparisons (3), skipping the f32 bandwidth, f32, q4_k and
+ReLU-sparse sections.
 
 Needs llama-cpp-python (in the test extra). Prints one JSON object.
 """
@@ -132,16 +139,19 @@ def export(src: Path, out: Path, outtype: str) -> Path:
 class Ours:
     """Our runtime on one file, loaded once; each call decodes ``n`` tokens after a prompt."""
 
-    def __init__(self, path: Path, mode: str, predictor: Path | None = None) -> None:
+    def __init__(self, path: Path, mode: str, predictor: Path | None = None, arithmetic: str | None = None) -> None:
         from runtime.model import Model
 
         self.m = Model(path, mode=mode, n_ctx=256, predictor=predictor)
         self.mode = mode
+        self.arithmetic = arithmetic  # runtime.kernels.set_arithmetic before each run (None: as set)
         self(2)  # warm-up (compiles nothing: numba kernels are cached; touches the pages)
 
     def __call__(self, n: int) -> dict:
         from runtime.generate import generate
 
+        if self.arithmetic is not None:
+            S.set_arithmetic(self.arithmetic)
         m = self.m
         _, tm = generate(m, PROMPT, n)
         density = tm.decode_ffn_nnz / (tm.generated * m.hp.n_layers * m.hp.d_ffn)
@@ -204,6 +214,26 @@ def paired(a, b, n: int, rounds: int) -> dict:
             "ratio": round(float(np.median(ratios)), 3)}
 
 
+def quant_vs_llamacpp(work: Path, src: Path, arith: list[str], n: int, rounds: int, out: dict) -> None:
+    """q8_0 and q4_0 files: ours (each arithmetic) vs llama.cpp, and int8 vs float when both run."""
+    for t in ("q8_0", "q4_0"):
+        path = work / f"dense-{t}.gguf"
+        if not path.exists():
+            export(src, path, t)
+        theirs = LlamaCpp(path)
+        ours = {a: Ours(path, "dense", arithmetic=a) for a in arith}
+        for a, o in ours.items():
+            p = paired(o, theirs, n, rounds)
+            out[f"ours_{t}_{a}_tok_s"] = round(p["a"]["decode_tok_s"], 3)
+            out[f"llamacpp_{t}_tok_s"] = max(out.get(f"llamacpp_{t}_tok_s", 0.0), round(p["b"]["decode_tok_s"], 3))
+            out[f"ratios_ours_{a}_over_llamacpp_{t}"], out[f"ratio_ours_{a}_over_llamacpp_{t}"] = p["ratios"], p["ratio"]
+        if len(ours) == 2:
+            p = paired(ours["int8"], ours["float"], n, rounds)
+            out[f"ratios_int8_over_float_{t}"], out[f"ratio_int8_over_float_{t}"] = p["ratios"], p["ratio"]
+        del theirs, ours
+        S.set_arithmetic(S.ARITHMETICS[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=6)
@@ -212,19 +242,26 @@ def main() -> None:
     ap.add_argument("--gate-shift", type=float, default=6e-4,
                     help="Subtracted from the ReLU model's gate weights (sets its sparsity).")
     ap.add_argument("--keep", type=Path, default=None)
+    ap.add_argument("--arithmetic", choices=[*S.ARITHMETICS, "both"], default="both",
+                    help="Our block kernels' arithmetic for the q8_0/q4_0 comparisons.")
+    ap.add_argument("--quant-only", action="store_true", help="Only the q8_0/q4_0 comparisons.")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="aios-rt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     out: dict = {"tokens": args.tokens, "rounds": args.rounds}
+    arith = list(S.ARITHMETICS) if args.arithmetic == "both" else [args.arithmetic]
+    out["arithmetic"] = {a: S.arithmetic_label({"Q8_0"}) if a == "int8" else "float" for a in arith}
     n, R = args.tokens, args.rounds
     try:
         dense_src, relu_src = work / "dense-hf", work / "relu-hf"
         if not dense_src.exists():
             build_model(dense_src, args.layers, relu_sparse=False)
-        if not relu_src.exists():
+        if not relu_src.exists() and not args.quant_only:
             build_model(relu_src, args.layers, relu_sparse=True, gate_shift=args.gate_shift)
+        if args.quant_only:
+            quant_vs_llamacpp(work, dense_src, arith, n, R, out)
+            return
         f32 = export(dense_src, work / "dense-f32.gguf", "f32")
-        q8 = export(dense_src, work / "dense-q8_0.gguf", "q8_0")
         relu = export(relu_src, work / "relu-f32.gguf", "f32")
         out["model_f32_bytes"] = f32.stat().st_size
 
@@ -247,9 +284,7 @@ def main() -> None:
         out["ours_f32_tok_s"], out["llamacpp_f32_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
         out["ratios_ours_over_llamacpp_f32"], out["ratio_ours_over_llamacpp_f32"] = p["ratios"], p["ratio"]
         del ours32
-        p = paired(Ours(q8, "dense"), LlamaCpp(q8), n, R)
-        out["ours_q8_0_tok_s"], out["llamacpp_q8_0_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
-        out["ratios_ours_over_llamacpp_q8_0"], out["ratio_ours_over_llamacpp_q8_0"] = p["ratios"], p["ratio"]
+        quant_vs_llamacpp(work, dense_src, arith, n, R, out)
 
         # for reference (no target): the same comparison on a Q4_K file
         q4k = export(dense_src, work / "dense-q4_k.gguf", "q4_k")

@@ -441,19 +441,23 @@ dot4_q5_0, dot4_q5_1, dot4_iq4_nl = _dot4_b32("q5_0"), _dot4_b32("q5_1"), _dot4_
 # one float scale d_x per block (ggml's quantize_row_q8_0; ``quantize_q8``), so a block's
 # contribution is d_w·d_x·Σ q_w·q_x with Σ q_w·q_x exact in int32. The integer dot multiplies
 # unsigned by signed bytes (the shape of x86's vpdpbusd / pmaddubsw): Q8_0 and IQ4_NL as
-# |q_w| · (sign(q_w)·q_x) (q_x is never −128), the 4/5-bit types as their stored unsigned quant
-# n · q_x with the offset (Q4_0 8, Q5_0 16) or minimum (Q4_1/Q5_1) added once per block as
-# −8·d_w·s_x or m_w·s_x, s_x = d_x·Σ q_x (ggml's Q8_1 sum). Two blocks go through one 64-byte
-# integer dot, giving <16 x i32> (lanes 0-7 the first block's partial sums), one int → float
-# conversion and one multiply-add by the pair's d_w·d_x.
+# (q_x+128)·q_w − 128·q_w with VNNI, |q_w| · (sign(q_w)·q_x) with pmaddubsw, which saturates (q_x
+# is never −128); the 4/5-bit types as their stored unsigned quant n · q_x with the offset
+# (Q4_0 8, Q5_0 16) or minimum (Q4_1/Q5_1) added once per block as −8·d_w·s_x or m_w·s_x,
+# s_x = d_x·Σ q_x (ggml's Q8_1 sum). Two blocks go through one 64-byte integer dot, giving
+# <16 x i32> (each lane four products of one block), one int → float conversion and one
+# multiply-add by the pair's d_w·d_x.
 #
 # LLVM does not form vpdpbusd from plain IR (measured: <32 x i8> sext/mul/add patterns compiled
 # to vpmullw + vphaddw + vpmovsxwd, slower than the float path), so the instruction is chosen
 # from the CPU's features when numba compiles (numba compiles and caches for the host CPU):
 # AVX-512 VNNI: llvm.x86.avx512.vpdpbusd.512 (one zmm per block pair); AVX-VNNI: two
 # vpdpbusd.256; AVX2: pmaddubsw + pmaddwd by ones (llama.cpp's mul_sum_us8_pairs); anything
-# else: portable widen-multiply-add IR. On this project's Xeon (AVX-512 VNNI) the pair step per
-# row is vpdpbusd zmm + vcvtdq2ps + vpermps + vfmadd (numba's inspect_asm; the check is
+# else: portable widen-multiply-add IR. On this project's Xeon (Emerald Rapids, AVX-512 VNNI,
+# LLVM 22 of llvmlite 0.50) the pair step per row compiles to: Q4_0 vmovdqu + vinserti128 (both
+# blocks' 16 bytes) + vpand + vgf2p8affineqb (the >> 4) + vinserti64x4 + vpdpbusd zmm + vpermd
+# (the pair's scales) + vcvtdq2ps + vfmadd213ps; Q8_0 two vpdpbusd + vpsubd in place of the
+# nibble unpacking; Q5 adds kmovq + a masked vmovdqu8 (numba's inspect_asm; the check is
 # tests/runtime/test_kernels_int.py::test_int_kernel_emits_integer_dot).
 V16I32 = ir.VectorType(I32, 16)
 V16F = ir.VectorType(F32, 16)
