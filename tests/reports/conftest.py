@@ -66,8 +66,8 @@ def bench_result() -> dict:
     from runtime.bench import BENCH_SCHEMA_VERSION, BenchRow
 
     def row(file, mode, w, kv, act, density, red=None, proj=None):
-        return BenchRow(file=file, mode=mode, lossy=False, activation="relu", weight_bytes=5_000_000,
-                        prompt_tokens=64, decode_forwards=32, prefill_tokens_per_s=900.0,
+        return BenchRow(file=file, mode=mode, lossy=False, activation="relu", arithmetic="float",
+                        weight_bytes=5_000_000, prompt_tokens=64, decode_forwards=32, prefill_tokens_per_s=900.0,
                         decode_tokens_per_s=120.0,
                         decode_mb_per_token={"weights": w, "kv_cache": kv, "activations": act},
                         decode_mb_per_token_total=round(w + kv + act, 6), ffn_density=density,
