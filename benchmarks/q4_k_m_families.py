@@ -158,7 +158,9 @@ def one(family: str, work: Path, layers: int, preset: str, tokens: int, rounds: 
 
     from convert.gguf import GGUFExportConfig, export_gguf
 
-    src, f16, q = work / family, work / f"{family}.f16.gguf", work / f"{family}.{preset}.gguf"
+    # general.name comes from the folder name; llama.cpp's vocab loader special-cases names with
+    # "phi-3" (it then requires "</s>" and "<s>" in the vocabulary, which the toy tokenizer lacks)
+    src, f16, q = work / "random-init", work / f"{family}.f16.gguf", work / f"{family}.{preset}.gguf"
     build(src, family, layers)
     export_gguf(str(src), f16, GGUFExportConfig("f16"))
     shutil.rmtree(src)
