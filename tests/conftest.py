@@ -205,6 +205,14 @@ def one_thread():
     numba.set_num_threads(n)
 
 
+def pytest_configure(config):
+    """Float arithmetic from the start, so module- and session-scoped fixtures (built before any
+    function fixture runs) measure in it too; ``float_arithmetic`` restores it per test."""
+    from runtime import kernels
+
+    kernels.set_arithmetic("float")
+
+
 @pytest.fixture(autouse=True)
 def float_arithmetic():
     """Every test starts with the runtime's block matmuls in float arithmetic (weights decoded,
