@@ -98,27 +98,11 @@ def quantize(src: Path, dst: Path, preset: str) -> None:
 
 
 def dequantized_logits(path: Path) -> np.ndarray:
-    """The model with every block-typed matrix replaced by gguf-py's dequantization (F32)."""
-    import gguf
-
+    """Logits of the model with every block-typed matrix replaced by gguf-py's dequantization."""
     from runtime.model import Model
-    from runtime.weights import BLOCK_TYPES, Matrix
+    from tests.runtime.quant_blocks import dequantized
 
-    model = Model(path)
-
-    def f32(m):
-        if not isinstance(m, Matrix) or m.kind not in BLOCK_TYPES:
-            return m
-        W = gguf.dequantize(np.asarray(m.data), gguf.GGMLQuantizationType[m.kind]).astype(np.float32)
-        return Matrix(m.name, "F32", m.n_out, m.n_in, W.reshape(m.n_out, m.n_in))
-
-    tied = model.output is model.tok_embd
-    model.tok_embd = f32(model.tok_embd)
-    model.output = model.tok_embd if tied else f32(model.output)
-    for layer in model.layers:
-        for k, v in list(layer.items()):
-            layer[k] = f32(v)
-    return model.forward(IDS, all_logits=True)
+    return dequantized(Model(path)).forward(IDS, all_logits=True)
 
 
 def llama_cpp_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, float]:

@@ -1,4 +1,5 @@
-"""Test data for the block kernels: valid GGUF blocks of any type without an encoder."""
+"""Test data for the block kernels: valid GGUF blocks of any type without an encoder, and the
+gguf-py-dequantized twin of a loaded model (the reference the block kernels are held to)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,25 @@ def random_blocks(kind: str, n: int, nblk: int, rng=None) -> np.ndarray:
     for o in F16_FIELDS[kind]:
         raw[:, :, o:o + 2] = (rng.standard_normal((n, nblk, 1)) * 0.01).astype(np.float16).view(np.uint8)
     return raw.reshape(n, -1)
+
+
+def dequantized(model):
+    """``model`` (a runtime.model.Model) with every block-typed matrix replaced by gguf-py's
+    dequantization of its bytes, multiplied by the F32 kernel; modified in place and returned."""
+    import gguf
+
+    from runtime.weights import BLOCK_TYPES, Matrix
+
+    def f32(m):
+        if not isinstance(m, Matrix) or m.kind not in BLOCK_TYPES:
+            return m
+        W = gguf.dequantize(np.asarray(m.data), gguf.GGMLQuantizationType[m.kind]).astype(np.float32)
+        return Matrix(m.name, "F32", m.n_out, m.n_in, W.reshape(m.n_out, m.n_in))
+
+    tied = model.output is model.tok_embd
+    model.tok_embd = f32(model.tok_embd)
+    model.output = model.tok_embd if tied else f32(model.output)
+    for layer in model.layers:
+        for k, v in list(layer.items()):
+            layer[k] = f32(v)
+    return model

@@ -34,6 +34,7 @@ from runtime.generate import generate
 from runtime.model import Model
 from runtime.weights import BLOCK_TYPES, SUPPORTED_TYPES, Matrix
 from tests.conftest import build_hf_model
+from tests.runtime.quant_blocks import dequantized
 from tests.runtime.test_llama_cpp_files import llama_cpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -85,30 +86,12 @@ def test_presets_cover_every_block_type(files):
     assert set(BLOCK_TYPES) <= set(seen), set(BLOCK_TYPES) - set(seen)
 
 
-def _dequantized(model: Model) -> Model:
-    """``model`` with every block-typed matrix replaced by gguf-py's dequantization (F32)."""
-
-    def f32(m):
-        if not isinstance(m, Matrix) or m.kind not in BLOCK_TYPES:
-            return m
-        W = gguf.dequantize(np.asarray(m.data), gguf.GGMLQuantizationType[m.kind]).astype(np.float32)
-        return Matrix(m.name, "F32", m.n_out, m.n_in, W.reshape(m.n_out, m.n_in))
-
-    tied = model.output is model.tok_embd
-    model.tok_embd = f32(model.tok_embd)
-    model.output = model.tok_embd if tied else f32(model.output)
-    for L in model.layers:
-        for k, v in list(L.items()):
-            L[k] = f32(v)
-    return model
-
-
 @pytest.mark.parametrize("key", [(m, p) for m in ("tiny-llama", "tiny-falcon") for p in FIXTURE_PRESETS]
                          + [("d256", p) for p in D256_PRESETS], ids="-".join)
 def test_logits_equal_gguf_py_dequantization(files, key):
     path = files[key]
     ours = Model(path).forward(IDS, all_logits=True)
-    ref_model = _dequantized(Model(path))
+    ref_model = dequantized(Model(path))
     assert not any(isinstance(v, Matrix) and v.kind in BLOCK_TYPES for L in ref_model.layers for v in L.values())
     ref = ref_model.forward(IDS, all_logits=True)
     err = np.abs(ours - ref).max() / np.abs(ref).max()
