@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from aios.errors import UsageError
+from aios.errors import InvalidModelError, UsageError
 from aios.io import write_atomic
 
 POINTER = "latest"
@@ -112,6 +112,8 @@ def start(device: str | None) -> Dist:
     """The accelerator for ``device`` (auto / cpu / cuda); joins a launcher's process group."""
     from accelerate import Accelerator
 
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise UsageError(f"Unknown device '{device}'; choose auto, cpu or cuda.")
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
         raise UsageError("--device cuda was requested but torch sees no CUDA GPU.")
@@ -266,14 +268,25 @@ def latest_checkpoint(work: Path) -> Path | None:
     return path if (path / RUN_STATE).is_file() else None
 
 
+def _unreadable(path: Path, e: Exception) -> InvalidModelError:
+    return InvalidModelError(f"The checkpoint {path} cannot be read ({type(e).__name__}); delete "
+                             f"{path.parent} to start over.")
+
+
 def read_run_state(path: Path) -> dict:
-    return torch.load(path / RUN_STATE, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path / RUN_STATE, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torn or foreign file: say so, keep it for inspection
+        raise _unreadable(path, e) from e
 
 
 def load_checkpoint(dist: Dist, path: Path) -> dict:
     """Restore model, optimizer and RNGs of this rank; returns this rank's data state."""
-    dist.acc.load_state(str(path))
-    return torch.load(path / f"data_state_{dist.rank}.pt", map_location="cpu", weights_only=True)
+    try:
+        dist.acc.load_state(str(path))
+        return torch.load(path / f"data_state_{dist.rank}.pt", map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise _unreadable(path, e) from e
 
 
 def full_state_dict(dist: Dist, model) -> dict[str, torch.Tensor]:

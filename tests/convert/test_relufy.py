@@ -152,6 +152,24 @@ def test_interrupt_leaves_no_output_and_resume_matches_uninterrupted(lm, tmp_pat
     assert _deterministic(out) == _deterministic(tmp_path / "straight")
 
 
+def test_torn_checkpoint_is_one_sentence(lm, tmp_path):
+    src = lm("falcon")
+    out = tmp_path / "o"
+
+    def stop_at_3(event, **info):
+        if event == "step" and info["stats"].step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        relufy(str(src), out, FAST, checkpoint_every=2, calibration_samples=CAL, progress=stop_at_3)
+    state = partial_dir(out) / "checkpoint-2" / "aios_state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(InvalidModelError, match="cannot be read.*start over"):
+        relufy(str(src), out, FAST, checkpoint_every=2, resume=True)
+    with pytest.raises(UsageError, match="Unknown device 'tpu'"):
+        relufy(str(src), tmp_path / "o2", FAST, device="tpu")
+
+
 def test_resume_without_checkpoint_starts_fresh(lm, tmp_path):
     notes = []
     res = relufy(str(lm("falcon")), tmp_path / "o", RelufyConfig(steps=1, batch=2, seq_len=16),
