@@ -10,9 +10,11 @@ measured in the same run (its ratio is the figure that travels between machines)
 
     python benchmarks/kernels_microbench.py [--gb 0.6] [--reps 3] [--arithmetic int8|float|both]
 
-The 32-value block types run in each --arithmetic (default both): ``float`` is ``mm_block`` (weights
-decoded to float, float activations; reported under the type's name), ``int8`` is ``mm_block_int8``
-(the activation quantized to 8-bit blocks inside each call, integer dot products; "<type>_int8").
+The types with an int8 kernel (the 32-value block types, Q4_K and Q6_K: runtime.kernels.INT8_ALL)
+run in each --arithmetic (default both): ``float`` is ``mm_block`` (weights decoded to float, float
+activations; reported under the type's name), ``int8`` is ``mm_block_int8`` (the activation
+quantized inside each call, to Q8_0 blocks of 32 or Q8_K blocks of 256, integer dot products;
+"<type>_int8", e.g. q4_k_int8, q6_k_int8).
 
 Quantized matrices are real encodings (gguf-py for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, convert.kquants
 for the K-quants; random valid blocks for IQ4_NL/IQ4_XS, which neither encodes) of one random
@@ -42,7 +44,7 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=0.6, help="Bytes of distinct matrices per kernel (GB).")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--arithmetic", choices=[*K.ARITHMETICS, "both"], default="both",
-                    help="Arithmetic of the 32-value block types (K-quants and float types: float).")
+                    help="Arithmetic of the types in runtime.kernels.INT8_ALL (the others: float).")
     ap.add_argument("--types", default=None, help="Comma-separated subset of the cases (e.g. q8_0,q8_0_int8).")
     args = ap.parse_args()
     from gguf import GGMLQuantizationType as G
@@ -79,9 +81,9 @@ def main() -> None:
         "f16": ([f16], lambda m, Y: K.mm_f16(m[0], x, everything, Y), f16.nbytes),
         "bf16": ([bf16], lambda m, Y: K.mm_bf16(m[0], x, everything, Y), bf16.nbytes),
         **{k: ([b], lambda m, Y, k=k: K.mm_block(k, m[0], x, everything, Y), b.nbytes) for k, b in blocks.items()
-           if args.arithmetic != "int8" or k not in K.INT8_TYPES},
+           if args.arithmetic != "int8" or k not in K.INT8_ALL},
         **{f"{k}_int8": ([b], lambda m, Y, k=k: K.mm_block_int8(k, m[0], x, everything, Y), b.nbytes)
-           for k, b in blocks.items() if args.arithmetic != "float" and k in K.INT8_TYPES},
+           for k, b in blocks.items() if args.arithmetic != "float" and k in K.INT8_ALL},
         "f32_gather_10pct": ([W], lambda m, Y: K.mm_f32(m[0], x, tenth, Y), len(tenth) * D * 4),
         "f32_sparse_down_10pct": ([W], lambda m, Y: K.sparse_rows_f32(m[0], a, tenth, Y[0, :D]), len(tenth) * D * 4),
     }
@@ -89,7 +91,7 @@ def main() -> None:
         cases = {k: v for k, v in cases.items() if k in keep}
     probes = stream_bandwidth()
     out: dict = {"stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()}, "kernels": {},
-                 "int8": K.arithmetic_label({"Q8_0"})}
+                 "int8": K.arithmetic_label({"Q8_0", *(t.upper() for t in K.KQ_INT)})}
     stream = max(probes.values())
     for name, (arrays, call, nbytes) in cases.items():
         per = sum(a.nbytes for a in arrays)

@@ -29,8 +29,10 @@ dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR
 picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
 the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
 float and multiplies the float activations: exact to float32 rounding, what the parity tests
-compare with gguf-py's dequantized weights (``mm_block`` is always this path). The K-quants
-always run float.
+compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q4_K and Q6_K
+(the K-quants of Q4_K_M) run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
+float d, the 16 group sums for the minimum / offset terms; ``quantize_q8_k``); the other
+K-quants always run float.
 
 The intrinsics live in this file on purpose: numba's on-disk cache is invalidated by the
 timestamp of the file that defines a kernel only, so intrinsics in another module could
@@ -942,6 +944,190 @@ dot4_q2_k, dot4_q3_k, dot4_q4_k = _dot4_kq("q2_k"), _dot4_kq("q3_k"), _dot4_kq("
 dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq("iq4_xs")
 
 
+# --- K-quants with int8 activations (Q4_K, Q6_K): llama.cpp's Q8_K scheme ---------------------
+# Each activation row is quantized once per matmul to 256-value blocks (``quantize_q8_k``, ggml's
+# quantize_row_q8_K: float d, int8 q[256], the 16 sums of each 16-value group ``bsums``). A row's
+# super-block then contributes d_x·(d·Σ_j sc_j·Σ q_w·q_x − dmin·Σ_j m_j·Σ_{group} q_x) (Q4_K)
+# or d_x·d·Σ_g sc_g·(Σ q_w·q_x − 32·bsum_g) (Q6_K, its stored 6-bit value is q_w + 32), every
+# inner sum exact in int32. The stored quants are unsigned (Q4_K 0..15, Q6_K 0..63), so they are
+# the unsigned operand of pmaddubsw directly (|products| ≤ 2·63·127, no saturation), and the
+# 16-bit pair sums meet the sub-block scales in one multiply-add to int32 (AVX-512 VNNI
+# vpdpwssd; pmaddwd + add elsewhere). One int → float conversion and multiply-add per
+# super-block and row; the minimum / offset terms come from the bsums (one pmaddwd).
+V32I16 = ir.VectorType(I16, 32)
+V16I16 = ir.VectorType(I16, 16)
+V8I32 = ir.VectorType(I32, 8)
+V8F = ir.VectorType(F32, 8)
+KQ_INT = ("q4_k", "q6_k")  # K-quants with an int8-activation kernel
+
+
+def _maddubs(b, u, s, how):
+    """<32 x i16>: lane l = u[2l]·s[2l] + u[2l+1]·s[2l+1], <64 x i8> u unsigned, s signed."""
+    if how == "avx512vnni":
+        return b.call(_declare(b, "llvm.x86.avx512.pmaddubs.w.512", V32I16, [V64I8, V64I8]), [u, s])
+    if how in ("avxvnni", "avx2"):
+        fn = _declare(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+        return _concat(b, b.call(fn, [_split(b, u, 0, 32), _split(b, s, 0, 32)]),
+                       b.call(fn, [_split(b, u, 32, 32), _split(b, s, 32, 32)]))
+    V64I16 = ir.VectorType(I16, 64)
+    prod = b.mul(b.zext(u, V64I16), b.sext(s, V64I16))
+    return b.add(_evens(b, prod), _odds(b, prod))
+
+
+def _evens(b, v):
+    n = v.type.count
+    return b.shuffle_vector(v, v, _c(ir.VectorType(I32, n // 2), list(range(0, n, 2))))
+
+
+def _odds(b, v):
+    n = v.type.count
+    return b.shuffle_vector(v, v, _c(ir.VectorType(I32, n // 2), list(range(1, n, 2))))
+
+
+def _madd_wd(b, a, s, how):
+    """<n/2 x i32>: lane l = a[2l]·s[2l] + a[2l+1]·s[2l+1] for <n x i16> a, s (n 16 or 32)."""
+    n = a.type.count
+    if how != "generic":
+        if n == 32 and how == "avx512vnni":
+            return b.call(_declare(b, "llvm.x86.avx512.pmaddw.d.512", V16I32, [V32I16, V32I16]), [a, s])
+        fn = _declare(b, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+        parts = [b.call(fn, [_split(b, a, h, 16), _split(b, s, h, 16)]) for h in range(0, n, 16)]
+        return parts[0] if len(parts) == 1 else _concat(b, parts[0], parts[1])
+    VT = ir.VectorType(I32, n)
+    prod = b.mul(b.sext(a, VT), b.sext(s, VT))
+    return b.add(_evens(b, prod), _odds(b, prod))
+
+
+def _madd_acc(b, acc, a, s, how):
+    """acc (<16 x i32>) + _madd_wd(a, s): one vpdpwssd with AVX-512 VNNI."""
+    if how == "avx512vnni":
+        fn = _declare(b, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
+        return b.call(fn, [acc, b.bitcast(a, V16I32), b.bitcast(s, V16I32)])
+    return b.add(acc, _madd_wd(b, a, s, how))
+
+
+def _i32_at(b, p, idx):
+    return b.load(b.bitcast(b.gep(p, [idx]), I32.as_pointer()), align=1)
+
+
+def _q4_k_scales_mins(b, p, base):
+    """<16 x i8>: the 8 six-bit scales then the 8 six-bit mins of a Q4_K super-block (ggml's
+    utmp unpacking of scales[12]: three 32-bit words, masks 0x3f3f3f3f/0x0f0f0f0f/0x03030303)."""
+    s0, s1, s2 = (_i32_at(b, p, b.add(base, _c(base.type, Q4K_SCALES + 4 * i))) for i in range(3))
+    k1, k2, k3 = _c(I32, 0x3F3F3F3F), _c(I32, 0x0F0F0F0F), _c(I32, 0x03030303)
+    u3 = b.or_(b.and_(b.lshr(s2, _c(I32, 4)), k2), b.shl(b.and_(b.lshr(s1, _c(I32, 6)), k3), _c(I32, 4)))
+    u2 = b.and_(s1, k1)
+    u1 = b.or_(b.and_(s2, k2), b.shl(b.and_(b.lshr(s0, _c(I32, 6)), k3), _c(I32, 4)))
+    u0 = b.and_(s0, k1)
+    v = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
+    for i, u in enumerate((u0, u1, u2, u3)):
+        v = b.insert_element(v, u, _c(I32, i))
+    return b.bitcast(v, ir.VectorType(I8, 16))
+
+
+def _spread(b, v16, lanes, ext):
+    """<len(lanes) x i16>: bytes v16[lanes[i]] widened (ext: b.zext or b.sext)."""
+    n = len(lanes)
+    return ext(b.shuffle_vector(v16, v16, _c(ir.VectorType(I32, n), lanes)), ir.VectorType(I16, n))
+
+
+def _q4_k_row_int(b, p, base, xv, bs, how):
+    """(Σ_j sc_j·Σ q·q_x as <16 x i32>, Σ_j m_j·(its two bsums) as <8 x i32>) for one Q4_K
+    super-block; xv: the block's 256 q_x as four <64 x i8>, bs: its bsums <16 x i16>."""
+    sm = _q4_k_scales_mins(b, p, base)
+    acc = _c(V16I32, [0] * 16)
+    for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
+        q = _vload(b, p, b.add(base, _c(base.type, Q4K_QS + 32 * jj)), V32I8, 1)
+        w = _concat(b, _bits(b, q, 0, 15), _bits(b, q, 4, None))
+        sc = _spread(b, sm, [2 * jj] * 16 + [2 * jj + 1] * 16, b.zext)
+        acc = _madd_acc(b, acc, _maddubs(b, w, xv[jj], how), sc, how)
+    mins = _madd_wd(b, _spread(b, sm, [8 + i // 2 for i in range(16)], b.zext), bs, how)
+    return acc, mins
+
+
+def _q6_k_row_int(b, p, base, xv, bs, how):
+    """(Σ_g sc_g·(Σ q·q_x − 32·bsum_g) as <16 x i32>, None) for one Q6_K super-block."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    sc = _vload(b, p, off(Q6K_SCALES), ir.VectorType(I8, 16), 1)
+    acc = _c(V16I32, [0] * 16)
+    for n in range(2):  # 128 values each: units u = 2n (values 0-63 of the half), 2n + 1 (64-127)
+        A, B = _vload(b, p, off(64 * n), V32I8, 1), _vload(b, p, off(64 * n + 32), V32I8, 1)
+        H = _vload(b, p, off(Q6K_QH + 32 * n), V32I8, 1)
+        four = _c(V32I8, [4] * 32)
+        q = [b.or_(low, b.shl(_bits(b, H, hsh, 3), four))
+             for low, hsh in ((_bits(b, A, 0, 15), 0), (_bits(b, B, 0, 15), 2),
+                              (_bits(b, A, 4, None), 4), (_bits(b, B, 4, None), 6))]
+        for h in range(2):
+            u = 2 * n + h
+            s16 = _spread(b, sc, [4 * u + i // 8 for i in range(32)], b.sext)
+            acc = _madd_acc(b, acc, _maddubs(b, _concat(b, q[2 * h], q[2 * h + 1]), xv[u], how), s16, how)
+    offs = _madd_wd(b, b.sext(sc, V16I16), bs, how)  # Σ sc_g·bsum_g, 8 lanes
+    offs = b.shuffle_vector(offs, _c(V8I32, [0] * 8), _c(V16I32, list(range(16))))
+    return b.sub(acc, b.shl(offs, _c(V16I32, [5] * 16))), None
+
+
+_KQ_ROW_INT = {"q4_k": _q4_k_row_int, "q6_k": _q6_k_row_int}
+
+
+def _dot4_kq_int_codegen(fmt):
+    row_fn = _KQ_ROW_INT[fmt]
+    nbytes = KQ_BYTES[fmt]
+    affine = fmt == "q4_k"
+
+    def codegen(context, builder, sig, args):
+        # args: w0..w3, p0..p3 (uint8 rows), xq (int8, nsb·256), xd (d_x per block), xb (int16
+        # bsums, 16 per block), nsb
+        how = int_dot_features()
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        xq, xd, xb = (_data(context, builder, sig.args[2 * ROWS + u], args[2 * ROWS + u]) for u in range(3))
+        nsb = args[2 * ROWS + 3]
+        ity = nsb.type
+        ST = ir.LiteralStructType([V16F] * ROWS + [V8F] * ROWS)
+        init = ir.Constant(ST, [_c(V16F, [0.0] * 16)] * ROWS + [_c(V8F, [0.0] * 8)] * ROWS)
+
+        def body(sb, accs):
+            base = builder.mul(sb, _c(ity, nbytes))
+            xo = builder.mul(sb, _c(ity, QK_K))
+            xv = [_vload(builder, xq, builder.add(xo, _c(ity, 64 * u)), V64I8, 1) for u in range(4)]
+            bs = _vload(builder, xb, builder.mul(sb, _c(ity, QK_K // 16)), V16I16, 2)
+            dx = builder.load(builder.gep(xd, [sb]))
+            for r in range(ROWS):
+                _prefetch_lines(builder, ps[r], base, (nbytes + 63) // 64)
+                isum, mins = row_fn(builder, ws[r], base, xv, bs, how)
+                dpos = 0 if affine else Q6K_D  # fp16 d: first field of block_q4_K, last of block_q6_K
+                d = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, dpos))), dx, flags=FAST)
+                v = builder.fmul(builder.sitofp(isum, V16F), _splat(builder, d, 16), flags=FAST)
+                accs = builder.insert_value(accs, builder.fadd(builder.extract_value(accs, r), v, flags=FAST), r)
+                if mins is not None:
+                    dm = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, 2))), dx, flags=FAST)
+                    v = builder.fmul(builder.sitofp(mins, V8F), _splat(builder, dm, 8), flags=FAST)
+                    accs = builder.insert_value(accs, builder.fadd(builder.extract_value(accs, ROWS + r), v,
+                                                                   flags=FAST), ROWS + r)
+            return accs
+
+        accs = _loop(builder, nsb, init, body)
+        out = [builder.fsub(_hsum(builder, builder.extract_value(accs, r)),
+                            _hsum(builder, builder.extract_value(accs, ROWS + r)), flags=FAST) for r in range(ROWS)]
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return codegen
+
+
+def _dot4_kq_int(fmt):
+    gen = _dot4_kq_int_codegen(fmt)
+
+    def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, xq, xd, xb, nsb):
+        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, xq, xd, xb, nsb), gen
+
+    typer.__name__ = f"dot4i_{fmt}"
+    return intrinsic(typer)
+
+
+# four Q4_K / Q6_K rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
+dot4i_q4_k, dot4i_q6_k = _dot4_kq_int("q4_k"), _dot4_kq_int("q6_k")
+
+
 # === kernels ====================================================================================
 
 
@@ -1152,24 +1338,97 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
             _store4(Y, t, rows, g, y)
 
 
+@njit(cache=True)
+def quantize_q8_k(X, xq, xd, xb):
+    """Each row of X (T, k) as ggml's block_q8_K (quantize_row_q8_K reference): per block of
+    QK_K, ``max`` the value of largest magnitude (the first one on ties), iscale = −127/max,
+    q = nearest_int(iscale·x) (round half to even, as ggml's 1.5·2²³ trick), at most 127,
+    d = 1/iscale (negative when max > 0; d·q is x's rounding either way), an all-zero block
+    d = 0 and quants 0; xb (T, k/16) int16: the sum of each 16 quants. No fastmath, so numpy
+    can repeat it bit for bit."""
+    T, k = X.shape
+    nb = k // QK_K
+    for t in range(T):
+        for b in range(nb):
+            o = b * QK_K
+            amax = np.float32(0.0)
+            mx = np.float32(0.0)
+            for i in range(QK_K):
+                ax = abs(X[t, o + i])
+                if ax > amax:
+                    amax = ax
+                    mx = X[t, o + i]
+            if amax == 0:
+                for i in range(QK_K):
+                    xq[t, o + i] = 0
+                for g in range(QK_K // 16):
+                    xb[t, b * (QK_K // 16) + g] = 0
+                xd[t, b] = np.float32(0.0)
+                continue
+            iscale = np.float32(-127.0) / mx
+            for g in range(QK_K // 16):
+                s = 0
+                for i in range(16):
+                    q = min(127, np.int32(np.rint(iscale * X[t, o + 16 * g + i])))
+                    xq[t, o + 16 * g + i] = q
+                    s += q
+                xb[t, b * (QK_K // 16) + g] = s
+            xd[t, b] = np.float32(1.0) / iscale
+
+
+@njit(cache=True)
+def quantize_activations_k(X):
+    """(xq, xd, xb) of ``quantize_q8_k`` for X (T, k), k a multiple of QK_K."""
+    T, k = X.shape
+    xq = np.empty((T, k), np.int8)
+    xd = np.empty((T, k // QK_K), np.float32)
+    xb = np.empty((T, k // 16), np.int16)
+    quantize_q8_k(X, xq, xd, xb)
+    return xq, xd, xb
+
+
+KQ_INT_KIND = {fmt: i for i, fmt in enumerate(KQ_INT)}  # the run-time ``kind`` of _mm_kq_int
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; x as Q8_K
+    T = xq.shape[0]
+    nsb = xd.shape[1]
+    for g in prange((rows.shape[0] + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, g)
+        n0, n1, n2, n3 = _group(rows, g + 1)
+        for t in range(T):
+            if kind == 0:
+                y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            else:
+                y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            _store4(Y, t, rows, g, y)
+
+
 def mm_block_int8(fmt, W, X, rows, Y):
-    """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES): integer block dot
-    products, what llama.cpp computes (its error is the activations' 8-bit rounding)."""
-    _mm_b32_int(W, *quantize_activations(X), rows, Y, B32_KIND[fmt])
+    """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES or KQ_INT): integer
+    block dot products, what llama.cpp computes (its error is the activations' 8-bit rounding).
+    32-value types: Q8_0 activation blocks; Q4_K/Q6_K: Q8_K blocks of 256 with group sums."""
+    if fmt in KQ_INT_KIND:
+        _mm_kq_int(W, *quantize_activations_k(X), rows, Y, KQ_INT_KIND[fmt])
+    else:
+        _mm_b32_int(W, *quantize_activations(X), rows, Y, B32_KIND[fmt])
 
 
 def mm_block_arith(fmt, W, X, rows, Y):
-    """``mm_block`` in the process's arithmetic: int8 for INT8_TYPES under "int8", else float.
+    """``mm_block`` in the process's arithmetic: int8 for INT8_ALL under "int8", else float.
     What the runtime's weights call (runtime.weights.KERNELS)."""
-    if fmt in B32_KIND and _ARITHMETIC["name"] == "int8":
-        _mm_b32_int(W, *quantize_activations(X), rows, Y, B32_KIND[fmt])
+    if _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT:
+        mm_block_int8(fmt, W, X, rows, Y)
     else:
         mm_block(fmt, W, X, rows, Y)
 
 
 # --- the process-wide arithmetic of the block kernels ----------------------------------------
 ARITHMETICS = ("int8", "float")  # --arithmetic choices; the first is the default
-INT8_TYPES = B32  # block types with an int8-activation kernel (the rest always run float)
+INT8_TYPES = B32  # 32-value block types with an int8-activation kernel (Q8_0 activation blocks)
+INT8_ALL = B32 + KQ_INT  # every type with an int8 kernel (``mm_block_int8``); the rest run float
+INT8_DEFAULT = frozenset(INT8_ALL)  # the types "int8" runs int8 (all that have a kernel)
 _ARITHMETIC = {"name": ARITHMETICS[0]}
 
 
@@ -1194,10 +1453,17 @@ def arithmetic_label(kinds=None) -> str:
     """The arithmetic in effect for the block types ``kinds`` (gguf-py names; None: any), as the
     outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)" or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
-    if arithmetic() == "float" or (lower is not None and not lower & set(INT8_TYPES)):
+    if arithmetic() == "float" or (lower is not None and not lower & INT8_DEFAULT):
         return "float"
-    extra = "" if lower is None or not lower & set(KQ_TYPES) else "; K-quants float"
-    return f"int8 (Q8_0 activations, {INT_DOT_NAMES[int_dot_features()]}{extra})"
+    if lower is None:
+        acts = "Q8_0/Q8_K activations"
+        extra = "; " + ", ".join(t.upper() for t in BLOCK_TYPES if t not in INT8_DEFAULT) + " float"
+    else:
+        acts = "/".join(n for n, ts in (("Q8_0", B32), ("Q8_K", KQ_INT)) if lower & INT8_DEFAULT & set(ts))
+        acts += " activations"
+        flt = [t.upper() for t in BLOCK_TYPES if t in lower and t not in INT8_DEFAULT]
+        extra = "; " + ", ".join(flt) + " float" if flt else ""
+    return f"int8 ({acts}, {INT_DOT_NAMES[int_dot_features()]}{extra})"
 
 
 def mm_block(fmt, W, X, rows, Y):

@@ -1,0 +1,249 @@
+"""The int8-activation K-quant kernels (Q4_K, Q6_K; llama.cpp's Q8_K scheme) against numpy.
+
+1. ``quantize_q8_k`` equals ggml's quantize_row_q8_K reference (ggml-quants.c) written in
+   numpy: ``max`` the signed value of largest magnitude, iscale = −127/max, q = nearest_int
+   (round half to even) of iscale·x, at most 127, d = 1/iscale, bsums the 16-value group sums;
+   bit for bit, ties and an all-zero block included.
+2. The integer super-block dots equal a float64 reference that multiplies gguf-py's
+   dequantized weights by the *quantized* activations within 1e-5 of Σ|w·x| (real encodings
+   from convert.kquants and random bytes: every scale, minimum and quant bit pattern; rows in
+   any order, several tokens and super-block counts).
+3. Against gguf-py's weights times the float activations (the float path) they differ only by
+   the activations' 8-bit rounding (≤ 2 % of ‖Y‖, and not 0: the activations were quantized).
+4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M (its Q4_K and Q6_K tensors): int8
+   gives the float path's greedy tokens (or parts from it only at a near-tie) and close
+   logits; the float setting is the float kernel bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, dequantize
+
+from aios.quant import QK_K
+from runtime import kernels as K
+from runtime.weights import Matrix
+from tests.runtime.quant_blocks import random_blocks
+
+RNG = np.random.default_rng(23)
+
+
+@pytest.fixture
+def arithmetic():
+    before = K.arithmetic()
+    yield K.set_arithmetic
+    K.set_arithmetic(before)
+
+
+def _q8_k_numpy(X: np.ndarray):
+    """ggml's quantize_row_q8_K reference in numpy: (q int8, d float32 per 256, bsums int16 per 16)."""
+    T, k = X.shape
+    B = X.reshape(T, k // QK_K, QK_K)
+    idx = np.abs(B).argmax(axis=2)  # the first of equal magnitudes, as ggml's `ax > amax`
+    mx = np.take_along_axis(B, idx[..., None], axis=2)[..., 0]
+    zero = mx == 0
+    iscale = np.float32(-127) / np.where(zero, np.float32(1), mx)
+    q = np.minimum(np.rint(iscale[..., None] * B), 127)  # float32 product, round half to even
+    q[zero] = 0
+    d = np.where(zero, np.float32(0), np.float32(1) / iscale).astype(np.float32)
+    q = q.astype(np.int8).reshape(T, k)
+    return q, d, q.reshape(T, -1, 16).sum(axis=2, dtype=np.int16)
+
+
+def test_quantize_q8_k_matches_ggml_reference():
+    X = RNG.standard_normal((3, QK_K * 3), dtype=np.float32) * np.float32(2)
+    X[1, QK_K:2 * QK_K] = 0  # all zero: d = 0, quants 0
+    blk = np.zeros(QK_K, np.float32)  # max −127 → iscale 1: the halves are exact ties
+    blk[:8] = [-127, 0.5, 1.5, 2.5, -2.5, -0.5, 126.5, 3.5]
+    X[2, :QK_K] = blk
+    X[2, QK_K] = 9.0  # a positive max: d < 0
+    xq, xd, xb = K.quantize_activations_k(X)
+    q, d, bs = _q8_k_numpy(X)
+    assert np.array_equal(xq, q) and np.array_equal(xd, d) and np.array_equal(xb, bs)
+    assert list(xq[2, :8]) == [-127, 0, 2, 2, -2, 0, 126, 4]  # half to even, as nearest_int
+    assert xd[2, 0] == 1 and xd[2, 1] < 0 and xq[2, QK_K] == -127
+    assert not xq[1, QK_K:2 * QK_K].any() and xd[1, 1] == 0 and not xb[1, 16:32].any()
+    assert xq.min() >= -127  # never −128
+
+
+def _weights(kind: str, n: int, nsb: int) -> list[np.ndarray]:
+    from convert import kquants
+
+    real = kquants.quantize(RNG.standard_normal((n, QK_K * nsb), dtype=np.float32) * 0.1, kind)
+    return [random_blocks(kind, n, nsb, RNG), np.ascontiguousarray(real).reshape(n, -1)]
+
+
+def _deq(raw, kind, n, k):
+    return dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, k).astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", K.KQ_INT)
+@pytest.mark.parametrize("nsb,T", [(1, 1), (2, 3), (5, 2)])
+def test_int8_kq_kernel_equals_quantized_activation_reference(kind, nsb, T):
+    n, k = 9, QK_K * nsb
+    X = RNG.standard_normal((T, k), dtype=np.float32)
+    X[0, :QK_K] *= 50  # one loud block: its scale differs from the others'
+    xq, xd, _ = _q8_k_numpy(X)
+    Xq = (xq.reshape(T, nsb, QK_K).astype(np.float64) * xd[..., None]).reshape(T, k)
+    for raw in _weights(kind, n, nsb):
+        W = _deq(raw, kind, n, k)
+        for rows in (np.arange(n), np.arange(n)[::-1].copy(), np.array([n - 1]), np.array([0, 0, n - 1, 3])):
+            Y = np.zeros((T, n), np.float32)
+            K.mm_block_int8(kind, raw, X, rows.astype(np.int64), Y)
+            r = np.unique(rows)
+            ref, bound = np.zeros((T, n)), np.zeros((T, n))
+            ref[:, r] = Xq @ W[r].T
+            bound[:, r] = np.abs(Xq) @ np.abs(W[r]).T
+            assert np.all(np.abs(Y - ref) <= 1e-5 * bound + 1e-7), (kind, rows, np.abs(Y - ref).max())
+            assert not Y[:, np.setdiff1d(np.arange(n), r)].any()
+
+
+@pytest.mark.parametrize("kind", K.KQ_INT)
+def test_int8_kq_is_the_float_path_up_to_activation_rounding(kind):
+    n, nsb, T = 64, 8, 2
+    X = RNG.standard_normal((T, QK_K * nsb), dtype=np.float32)
+    rows = np.arange(n, dtype=np.int64)
+    for raw in _weights(kind, n, nsb):
+        Yi, Yf = np.zeros((T, n), np.float32), np.zeros((T, n), np.float32)
+        K.mm_block_int8(kind, raw, X, rows, Yi)
+        K.mm_block(kind, raw, X, rows, Yf)
+        ref = X.astype(np.float64) @ _deq(raw, kind, n, QK_K * nsb).T
+        rel = np.linalg.norm(Yi - ref) / np.linalg.norm(ref)
+        assert 1e-5 < rel <= 2e-2, (kind, rel)
+        assert np.linalg.norm(Yf - ref) / np.linalg.norm(ref) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", K.KQ_INT)
+def test_matrix_matmul_follows_the_setting(arithmetic, kind):
+    n, nsb = 8, 4
+    raw = _weights(kind, n, nsb)[1]
+    m = Matrix("w", kind.upper(), n, QK_K * nsb, raw)
+    X = RNG.standard_normal((2, QK_K * nsb), dtype=np.float32)
+    rows = np.arange(n, dtype=np.int64)
+    Yi, Yf = np.zeros((2, n), np.float32), np.zeros((2, n), np.float32)
+    K.mm_block_int8(kind, raw, X, rows, Yi)
+    K.mm_block(kind, raw, X, rows, Yf)
+    arithmetic("int8")
+    assert np.array_equal(m.matmul(X), Yi)
+    arithmetic("float")
+    assert np.array_equal(m.matmul(X), Yf) and not np.array_equal(Yi, Yf)
+
+
+def test_labels_name_the_int8_k_quants(arithmetic):
+    arithmetic("int8")
+    assert K.arithmetic_label({"Q4_K", "Q6_K", "F32"}).startswith("int8 (Q8_K activations, ")
+    label = K.arithmetic_label({"Q4_K", "Q5_K", "Q8_0"})
+    assert "Q8_0/Q8_K activations" in label and label.endswith("; Q5_K float)")
+    assert K.arithmetic_label({"Q5_K", "F32"}) == "float"  # no int8 kernel among them
+    arithmetic("float")
+    assert K.arithmetic_label({"Q4_K", "Q6_K"}) == "float"
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory):
+    """A random llama with d_model 256 (so llama.cpp writes K-quants), quantized by llama.cpp's
+    Q4_K_M preset."""
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from tests.conftest import build_hf_model
+
+    pytest.importorskip("llama_cpp")
+    from tests.runtime.test_llamacpp_presets import quantize
+
+    root = tmp_path_factory.mktemp("q4km")
+    src = build_hf_model("llama", root / "d256", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=2048)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-llama" / f, src / f)
+    f16 = root / "d256.f16.gguf"
+    export_gguf(str(src), f16, GGUFExportConfig("f16"))
+    out = root / "d256.Q4_K_M.gguf"
+    quantize(f16, out, "Q4_K_M")
+    return out
+
+
+def test_whole_q4_k_m_model_int8_vs_float(q4_k_m, arithmetic):
+    import gguf
+
+    from runtime.generate import generate
+    from runtime.model import Model
+    from runtime.weights import from_gguf_tensor
+
+    kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(q4_k_m)).tensors}
+    assert {"Q4_K", "Q6_K"} <= kinds
+    ids = list(range(5, 30))
+    out = {}
+    for a in ("float", "int8"):
+        arithmetic(a)
+        m = Model(q4_k_m)
+        logits = m.forward(ids, all_logits=True)
+        m.reset()
+        toks, _ = generate(m, ids, 16)
+        out[a] = logits, toks, m
+    (lf, tf, mf), (li, ti, _) = out["float"], out["int8"]
+    err = np.abs(li - lf).max() / np.abs(lf).max()
+    assert 0 < err <= 3e-2, err
+    if ti != tf:  # texts may part only at a near-tie of the float run's logits
+        step = next(i for i, (a, b) in enumerate(zip(ti, tf)) if a != b)
+        mf.reset()
+        lg = mf.forward(ids + tf[:step], all_logits=True)[-1]
+        top = np.sort(lg)[::-1]
+        assert top[0] - top[1] <= 2e-2 * np.abs(lg).max(), (step, top[:2])
+    # the float setting is the float kernel: each K-quant matrix bit for bit
+    arithmetic("float")
+    for kind in ("Q4_K", "Q6_K"):
+        t = next(t for t in mf.reader.tensors if t.tensor_type.name == kind and len(t.shape) == 2)
+        w = from_gguf_tensor(t)
+        X = RNG.standard_normal((2, w.n_in), dtype=np.float32)
+        Y = np.zeros((2, w.n_out), np.float32)
+        K.mm_block(kind.lower(), w.data, X, np.arange(w.n_out, dtype=np.int64), Y)
+        assert np.array_equal(w.matmul(X), Y)
+
+
+FALLBACK_CHECK = """
+import numpy as np
+from gguf import GGMLQuantizationType, dequantize
+from runtime import kernels as K
+from tests.runtime.quant_blocks import random_blocks
+assert K.int_dot_features() == {want!r}, K.int_dot_features()
+rng = np.random.default_rng(0)
+n, nsb, T = 5, 3, 2
+X = rng.standard_normal((T, 256 * nsb)).astype(np.float32)
+xq, xd, _ = K.quantize_activations_k(X)
+Xq = (xq.reshape(T, nsb, 256).astype(np.float64) * xd[..., None]).reshape(T, -1)
+for kind in K.KQ_INT:
+    raw = random_blocks(kind, n, nsb, rng)
+    W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, -1).astype(np.float64)
+    Y = np.zeros((T, n), np.float32)
+    K.mm_block_int8(kind, raw, X, np.arange(n, dtype=np.int64), Y)
+    assert np.all(np.abs(Y - Xq @ W.T) <= 1e-5 * (np.abs(Xq) @ np.abs(W).T) + 1e-7), kind
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("cpu,features,want", [
+    ("haswell", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt", "avx2"),
+    pytest.param("sandybridge", "+avx,+f16c,+sse4.2,+popcnt", "generic", marks=pytest.mark.slow),
+])
+def test_other_cpus_kq_integer_dot(tmp_path, cpu, features, want):
+    """The pmaddubsw/pmaddwd (AVX2) and portable-IR choices of the K-quant int8 kernels,
+    compiled for those CPUs in a subprocess: same results as the reference."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llvmlite import binding
+
+    host = {k for k, v in binding.get_host_cpu_features().items() if v}
+    if not {f[1:] for f in features.split(",")} <= host:
+        pytest.skip(f"this CPU cannot run code built for {cpu}")
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path),
+               NUMBA_NUM_THREADS="1")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", FALLBACK_CHECK.format(want=want)], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
