@@ -6,10 +6,11 @@
 2. Our dense f32 decode of a ~1 GB random-init Llama-architecture model: effective weight
    bandwidth (weight bytes read per token × tokens/s) as a fraction of (1).
 3. Decode tokens/s, ours vs llama.cpp (llama-cpp-python, same threads), on the same f32,
-   q8_0 and q4_0 files (and, for reference, a q4_k file: llama.cpp multiplies K-quants with 8-bit
-   activations and integer dot products, we keep float activations). q8_0 and q4_0 run once per
-   --arithmetic (default both): ``int8`` quantizes the activations to 8-bit blocks per matmul and
-   uses integer dot products as llama.cpp does, ``float`` decodes the weights to float; with both,
+   q8_0, q4_0 and q4_k_m files (q4_k_m: our f16 export quantized by llama.cpp's own
+   llama_model_quantize to the Q4_K_M preset, Q4_K + Q6_K tensors, the most deployed preset).
+   The quantized files run once per --arithmetic (default both): ``int8`` quantizes the
+   activations per matmul (Q8_0 blocks of 32, Q8_K blocks of 256 for Q4_K/Q6_K) and uses
+   integer dot products as llama.cpp does, ``float`` decodes the weights to float; with both,
    int8 and float are also paired against each other (``ratio_int8_over_float_*``).
 4. Exact sparse decode of a ReLU model with ≥ 85 % exact-zero FFN activations vs llama.cpp's
    dense decode of the same weights. The model is random-init, built so most gate
@@ -25,10 +26,10 @@ the median of the per-round ratios beside each round's ratio, because this machi
 and one slow round should not decide a figure.
 
     python benchmarks/runtime_vs_llamacpp.py [--layers 6] [--tokens 16] [--rounds 3] [--gate-shift 6e-4] [--keep DIR]
-        [--arithmetic int8|float|both] [--quant-only]
+        [--arithmetic int8|float|both] [--quant-only] [--quant-types q8_0,q4_0,q4_k_m]
 
---quant-only runs only the q8_0/q4_0 comparisons (3), skipping the f32 bandwidth, f32, q4_k and
-ReLU-sparse sections.
+--quant-only runs only the quantized-file comparisons (3) of --quant-types, skipping the f32
+bandwidth, f32 and ReLU-sparse sections.
 
 Needs llama-cpp-python (in the test extra). Prints one JSON object.
 """
@@ -214,12 +215,34 @@ def paired(a, b, n: int, rounds: int) -> dict:
             "ratio": round(float(np.median(ratios)), 3)}
 
 
-def quant_vs_llamacpp(work: Path, src: Path, arith: list[str], n: int, rounds: int, out: dict) -> None:
-    """q8_0 and q4_0 files: ours (each arithmetic) vs llama.cpp, and int8 vs float when both run."""
-    for t in ("q8_0", "q4_0"):
+QUANT_TYPES = ("q8_0", "q4_0", "q4_k_m")
+
+
+def quantize_llamacpp(src: Path, dst: Path, preset: str) -> Path:
+    """``src`` (a GGUF) quantized by llama.cpp's llama_model_quantize to ``preset`` ("Q4_K_M")."""
+    import ctypes
+
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + preset)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    return dst
+
+
+def quant_vs_llamacpp(work: Path, src: Path, arith: list[str], n: int, rounds: int, out: dict,
+                      kinds=QUANT_TYPES) -> None:
+    """Quantized files: ours (each arithmetic) vs llama.cpp, and int8 vs float when both run."""
+    for t in kinds:
         path = work / f"dense-{t}.gguf"
         if not path.exists():
-            export(src, path, t)
+            if t == "q4_k_m":
+                f16 = work / "dense-f16.gguf"
+                if not f16.exists():
+                    export(src, f16, "f16")
+                quantize_llamacpp(f16, path, "Q4_K_M")
+            else:
+                export(src, path, t)
         theirs = LlamaCpp(path)
         ours = {a: Ours(path, "dense", arithmetic=a) for a in arith}
         for a, o in ours.items():
@@ -243,14 +266,19 @@ def main() -> None:
                     help="Subtracted from the ReLU model's gate weights (sets its sparsity).")
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--arithmetic", choices=[*S.ARITHMETICS, "both"], default="both",
-                    help="Our block kernels' arithmetic for the q8_0/q4_0 comparisons.")
-    ap.add_argument("--quant-only", action="store_true", help="Only the q8_0/q4_0 comparisons.")
+                    help="Our block kernels' arithmetic for the quantized-file comparisons.")
+    ap.add_argument("--quant-only", action="store_true", help="Only the quantized-file comparisons.")
+    ap.add_argument("--quant-types", default=",".join(QUANT_TYPES),
+                    help=f"Quantized files compared (subset of {','.join(QUANT_TYPES)}).")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="aios-rt-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     out: dict = {"tokens": args.tokens, "rounds": args.rounds}
     arith = list(S.ARITHMETICS) if args.arithmetic == "both" else [args.arithmetic]
-    out["arithmetic"] = {a: S.arithmetic_label({"Q8_0"}) if a == "int8" else "float" for a in arith}
+    kinds = [t for t in args.quant_types.split(",") if t]
+    if not set(kinds) <= set(QUANT_TYPES):
+        ap.error(f"--quant-types: choose from {','.join(QUANT_TYPES)}")
+    out["arithmetic"] = {a: S.arithmetic_label({"Q8_0", "Q4_K", "Q6_K"}) if a == "int8" else "float" for a in arith}
     n, R = args.tokens, args.rounds
     try:
         dense_src, relu_src = work / "dense-hf", work / "relu-hf"
@@ -259,7 +287,7 @@ def main() -> None:
         if not relu_src.exists() and not args.quant_only:
             build_model(relu_src, args.layers, relu_sparse=True, gate_shift=args.gate_shift)
         if args.quant_only:
-            quant_vs_llamacpp(work, dense_src, arith, n, R, out)
+            quant_vs_llamacpp(work, dense_src, arith, n, R, out, kinds)
             return
         f32 = export(dense_src, work / "dense-f32.gguf", "f32")
         relu = export(relu_src, work / "relu-f32.gguf", "f32")
@@ -284,13 +312,7 @@ def main() -> None:
         out["ours_f32_tok_s"], out["llamacpp_f32_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
         out["ratios_ours_over_llamacpp_f32"], out["ratio_ours_over_llamacpp_f32"] = p["ratios"], p["ratio"]
         del ours32
-        quant_vs_llamacpp(work, dense_src, arith, n, R, out)
-
-        # for reference (no target): the same comparison on a Q4_K file
-        q4k = export(dense_src, work / "dense-q4_k.gguf", "q4_k")
-        p = paired(Ours(q4k, "dense"), LlamaCpp(q4k), n, R)
-        out["ours_q4_k_tok_s"], out["llamacpp_q4_k_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
-        out["ratios_ours_over_llamacpp_q4_k"], out["ratio_ours_over_llamacpp_q4_k"] = p["ratios"], p["ratio"]
+        quant_vs_llamacpp(work, dense_src, arith, n, R, out, kinds)
 
         # 4: exact sparse vs llama.cpp dense on the same ReLU weights
         lr = LlamaCpp(relu)
