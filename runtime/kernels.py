@@ -29,8 +29,8 @@ dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR
 picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
 the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
 float and multiplies the float activations: exact to float32 rounding, what the parity tests
-compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q4_K and Q6_K
-(the K-quants of Q4_K_M) run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
+compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q4_K, Q5_K and
+Q6_K (the K-quants of Q4_K_M/Q5_K_M) run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
 float d, the 16 group sums for the minimum / offset terms; ``quantize_q8_k``); the other
 K-quants always run float.
 
@@ -944,12 +944,13 @@ dot4_q2_k, dot4_q3_k, dot4_q4_k = _dot4_kq("q2_k"), _dot4_kq("q3_k"), _dot4_kq("
 dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq("iq4_xs")
 
 
-# --- K-quants with int8 activations (Q4_K, Q6_K): llama.cpp's Q8_K scheme ---------------------
+# --- K-quants with int8 activations (Q4_K, Q5_K, Q6_K): llama.cpp's Q8_K scheme ---------------
 # Each activation row is quantized once per matmul to 256-value blocks (``quantize_q8_k``, ggml's
 # quantize_row_q8_K: float d, int8 q[256], the 16 sums of each 16-value group ``bsums``). A row's
 # super-block then contributes d_x·(d·Σ_j sc_j·Σ q_w·q_x − dmin·Σ_j m_j·Σ_{group} q_x) (Q4_K)
-# or d_x·d·Σ_g sc_g·(Σ q_w·q_x − 32·bsum_g) (Q6_K, its stored 6-bit value is q_w + 32), every
-# inner sum exact in int32. The stored quants are unsigned (Q4_K 0..15, Q6_K 0..63), so they are
+# (Q5_K alike, its quants 0..31) or d_x·d·Σ_g sc_g·(Σ q_w·q_x − 32·bsum_g) (Q6_K, its stored
+# 6-bit value is q_w + 32), every inner sum exact in int32. The stored quants are unsigned (Q4_K
+# 0..15, Q5_K 0..31, Q6_K 0..63), so they are
 # the unsigned operand of pmaddubsw directly (|products| ≤ 2·63·127, no saturation), and the
 # 16-bit pair sums meet the sub-block scales in one multiply-add to int32 (AVX-512 VNNI
 # vpdpwssd; pmaddwd + add elsewhere). One int → float conversion and multiply-add per
@@ -958,7 +959,7 @@ V32I16 = ir.VectorType(I16, 32)
 V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
 V8F = ir.VectorType(F32, 8)
-KQ_INT = ("q4_k", "q6_k")  # K-quants with an int8-activation kernel
+KQ_INT = ("q4_k", "q5_k", "q6_k")  # K-quants with an int8-activation kernel
 
 
 def _maddubs(b, u, s, how):
@@ -1031,14 +1032,21 @@ def _spread(b, v16, lanes, ext):
     return ext(b.shuffle_vector(v16, v16, _c(ir.VectorType(I32, n), lanes)), ir.VectorType(I16, n))
 
 
-def _q4_k_row_int(b, p, base, xv, bs, how):
+def _q4_k_row_int(b, p, base, xv, bs, how, q5=False):
     """(Σ_j sc_j·Σ q·q_x as <16 x i32>, Σ_j m_j·(its two bsums) as <8 x i32>) for one Q4_K
-    super-block; xv: the block's 256 q_x as four <64 x i8>, bs: its bsums <16 x i16>."""
+    super-block (``q5``: Q5_K, value j·32 + l adding bit j of qh[l] as its fifth bit, 0..31);
+    xv: the block's 256 q_x as four <64 x i8>, bs: its bsums <16 x i16>."""
     sm = _q4_k_scales_mins(b, p, base)
     acc = _c(V16I32, [0] * 16)
+    H = _vload(b, p, b.add(base, _c(base.type, Q5K_QH)), V32I8, 1) if q5 else None
+    sixteen = _c(V32I8, [16] * 32)
     for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
-        q = _vload(b, p, b.add(base, _c(base.type, Q4K_QS + 32 * jj)), V32I8, 1)
-        w = _concat(b, _bits(b, q, 0, 15), _bits(b, q, 4, None))
+        q = _vload(b, p, b.add(base, _c(base.type, (Q5K_QS if q5 else Q4K_QS) + 32 * jj)), V32I8, 1)
+        lo, hi = _bits(b, q, 0, 15), _bits(b, q, 4, None)
+        if q5:
+            lo = b.or_(lo, b.and_(b.shl(_bits(b, H, 2 * jj, None), _c(V32I8, [4] * 32)), sixteen))
+            hi = b.or_(hi, b.and_(b.shl(_bits(b, H, 2 * jj + 1, None), _c(V32I8, [4] * 32)), sixteen))
+        w = _concat(b, lo, hi)
         sc = _spread(b, sm, [2 * jj] * 16 + [2 * jj + 1] * 16, b.zext)
         acc = _madd_acc(b, acc, _maddubs(b, w, xv[jj], how), sc, how)
     mins = _madd_wd(b, _spread(b, sm, [8 + i // 2 for i in range(16)], b.zext), bs, how)
@@ -1066,13 +1074,13 @@ def _q6_k_row_int(b, p, base, xv, bs, how):
     return b.sub(acc, b.shl(offs, _c(V16I32, [5] * 16))), None
 
 
-_KQ_ROW_INT = {"q4_k": _q4_k_row_int, "q6_k": _q6_k_row_int}
+_KQ_ROW_INT = {"q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int}
 
 
 def _dot4_kq_int_codegen(fmt):
     row_fn = _KQ_ROW_INT[fmt]
     nbytes = KQ_BYTES[fmt]
-    affine = fmt == "q4_k"
+    affine = fmt in ("q4_k", "q5_k")
 
     def codegen(context, builder, sig, args):
         # args: w0..w3, p0..p3 (uint8 rows), xq (int8, nsb·256), xd (d_x per block), xb (int16
@@ -1095,7 +1103,7 @@ def _dot4_kq_int_codegen(fmt):
             for r in range(ROWS):
                 _prefetch_lines(builder, ps[r], base, (nbytes + 63) // 64)
                 isum, mins = row_fn(builder, ws[r], base, xv, bs, how)
-                dpos = 0 if affine else Q6K_D  # fp16 d: first field of block_q4_K, last of block_q6_K
+                dpos = 0 if affine else Q6K_D  # fp16 d: first field of block_q4_K/q5_K, last of q6_K
                 d = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, dpos))), dx, flags=FAST)
                 v = builder.fmul(builder.sitofp(isum, V16F), _splat(builder, d, 16), flags=FAST)
                 accs = builder.insert_value(accs, builder.fadd(builder.extract_value(accs, r), v, flags=FAST), r)
@@ -1124,8 +1132,8 @@ def _dot4_kq_int(fmt):
     return intrinsic(typer)
 
 
-# four Q4_K / Q6_K rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
-dot4i_q4_k, dot4i_q6_k = _dot4_kq_int("q4_k"), _dot4_kq_int("q6_k")
+# four Q4_K / Q5_K / Q6_K rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
+dot4i_q4_k, dot4i_q5_k, dot4i_q6_k = _dot4_kq_int("q4_k"), _dot4_kq_int("q5_k"), _dot4_kq_int("q6_k")
 
 
 # === kernels ====================================================================================
@@ -1400,6 +1408,8 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
         for t in range(T):
             if kind == 0:
                 y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 1:
+                y = dot4i_q5_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             else:
                 y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             _store4(Y, t, rows, g, y)
@@ -1408,7 +1418,7 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
 def mm_block_int8(fmt, W, X, rows, Y):
     """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES or KQ_INT): integer
     block dot products, what llama.cpp computes (its error is the activations' 8-bit rounding).
-    32-value types: Q8_0 activation blocks; Q4_K/Q6_K: Q8_K blocks of 256 with group sums."""
+    32-value types: Q8_0 activation blocks; Q4_K/Q5_K/Q6_K: Q8_K blocks of 256 with group sums."""
     if fmt in KQ_INT_KIND:
         _mm_kq_int(W, *quantize_activations_k(X), rows, Y, KQ_INT_KIND[fmt])
     else:

@@ -1,4 +1,4 @@
-"""The int8-activation K-quant kernels (Q4_K, Q6_K; llama.cpp's Q8_K scheme) against numpy.
+"""The int8-activation K-quant kernels (Q4_K, Q5_K, Q6_K; llama.cpp's Q8_K scheme) against numpy.
 
 1. ``quantize_q8_k`` equals ggml's quantize_row_q8_K reference (ggml-quants.c) written in
    numpy: ``max`` the signed value of largest magnitude, iscale = −127/max, q = nearest_int
@@ -10,7 +10,7 @@
    any order, several tokens and super-block counts).
 3. Against gguf-py's weights times the float activations (the float path) they differ only by
    the activations' 8-bit rounding (≤ 2 % of ‖Y‖, and not 0: the activations were quantized).
-4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M (its Q4_K and Q6_K tensors): int8
+4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M and Q5_K_M (Q4_K/Q5_K + Q6_K): int8
    gives the float path's greedy tokens (or parts from it only at a near-tie) and close
    logits; the float setting is the float kernel bit for bit.
 """
@@ -133,17 +133,16 @@ def test_matrix_matmul_follows_the_setting(arithmetic, kind):
 def test_labels_name_the_int8_k_quants(arithmetic):
     arithmetic("int8")
     assert K.arithmetic_label({"Q4_K", "Q6_K", "F32"}).startswith("int8 (Q8_K activations, ")
-    label = K.arithmetic_label({"Q4_K", "Q5_K", "Q8_0"})
-    assert "Q8_0/Q8_K activations" in label and label.endswith("; Q5_K float)")
-    assert K.arithmetic_label({"Q5_K", "F32"}) == "float"  # no int8 kernel among them
+    label = K.arithmetic_label({"Q4_K", "Q3_K", "Q8_0"})
+    assert "Q8_0/Q8_K activations" in label and label.endswith("; Q3_K float)")
+    assert K.arithmetic_label({"Q3_K", "F32"}) == "float"  # no int8 kernel among them
     arithmetic("float")
     assert K.arithmetic_label({"Q4_K", "Q6_K"}) == "float"
 
 
 @pytest.fixture(scope="module")
-def q4_k_m(tmp_path_factory):
-    """A random llama with d_model 256 (so llama.cpp writes K-quants), quantized by llama.cpp's
-    Q4_K_M preset."""
+def d256_f16(tmp_path_factory):
+    """A random llama with d_model 256 (so llama.cpp writes K-quants), exported as f16."""
     import shutil
 
     from aios.models.aliases import FIXTURES_DIR
@@ -153,32 +152,33 @@ def q4_k_m(tmp_path_factory):
     pytest.importorskip("llama_cpp")
     from tests.runtime.test_llamacpp_presets import quantize
 
-    root = tmp_path_factory.mktemp("q4km")
+    root = tmp_path_factory.mktemp("d256")
     src = build_hf_model("llama", root / "d256", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=2048)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES_DIR / "tiny-llama" / f, src / f)
     f16 = root / "d256.f16.gguf"
     export_gguf(str(src), f16, GGUFExportConfig("f16"))
-    out = root / "d256.Q4_K_M.gguf"
-    quantize(f16, out, "Q4_K_M")
-    return out
+    return f16, quantize
 
 
-def test_whole_q4_k_m_model_int8_vs_float(q4_k_m, arithmetic):
+@pytest.mark.parametrize("preset,kinds", [("Q4_K_M", ("Q4_K", "Q6_K")), ("Q5_K_M", ("Q5_K", "Q6_K"))])
+def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, preset, kinds):
     import gguf
 
     from runtime.generate import generate
     from runtime.model import Model
     from runtime.weights import from_gguf_tensor
 
-    kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(q4_k_m)).tensors}
-    assert {"Q4_K", "Q6_K"} <= kinds
+    f16, quantize = d256_f16
+    path = tmp_path / f"d256.{preset}.gguf"
+    quantize(f16, path, preset)  # llama.cpp's llama_model_quantize
+    assert set(kinds) <= {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
     ids = list(range(5, 30))
     out = {}
     for a in ("float", "int8"):
         arithmetic(a)
-        m = Model(q4_k_m)
+        m = Model(path)
         logits = m.forward(ids, all_logits=True)
         m.reset()
         toks, _ = generate(m, ids, 16)
@@ -194,7 +194,7 @@ def test_whole_q4_k_m_model_int8_vs_float(q4_k_m, arithmetic):
         assert top[0] - top[1] <= 2e-2 * np.abs(lg).max(), (step, top[:2])
     # the float setting is the float kernel: each K-quant matrix bit for bit
     arithmetic("float")
-    for kind in ("Q4_K", "Q6_K"):
+    for kind in kinds:
         t = next(t for t in mf.reader.tensors if t.tensor_type.name == kind and len(t.shape) == 2)
         w = from_gguf_tensor(t)
         X = RNG.standard_normal((2, w.n_in), dtype=np.float32)
