@@ -29,8 +29,8 @@ dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR
 picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
 the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
 float and multiplies the float activations: exact to float32 rounding, what the parity tests
-compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q4_K, Q5_K and
-Q6_K (the K-quants of Q4_K_M/Q5_K_M) run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
+compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q4_K, Q5_K,
+Q6_K (the K-quants of Q4_K_M/Q5_K_M) and IQ4_XS run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
 float d, the 16 group sums for the minimum / offset terms; ``quantize_q8_k``); the other
 K-quants always run float.
 
@@ -944,7 +944,7 @@ dot4_q2_k, dot4_q3_k, dot4_q4_k = _dot4_kq("q2_k"), _dot4_kq("q3_k"), _dot4_kq("
 dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq("iq4_xs")
 
 
-# --- K-quants with int8 activations (Q4_K, Q5_K, Q6_K): llama.cpp's Q8_K scheme ---------------
+# --- K-quants with int8 activations (Q4_K, Q5_K, Q6_K, IQ4_XS): llama.cpp's Q8_K scheme --------
 # Each activation row is quantized once per matmul to 256-value blocks (``quantize_q8_k``, ggml's
 # quantize_row_q8_K: float d, int8 q[256], the 16 sums of each 16-value group ``bsums``). A row's
 # super-block then contributes d_x·(d·Σ_j sc_j·Σ q_w·q_x − dmin·Σ_j m_j·Σ_{group} q_x) (Q4_K)
@@ -959,7 +959,7 @@ V32I16 = ir.VectorType(I16, 32)
 V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
 V8F = ir.VectorType(F32, 8)
-KQ_INT = ("q4_k", "q5_k", "q6_k")  # K-quants with an int8-activation kernel
+KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs")  # K-quants with an int8-activation kernel
 
 
 def _maddubs(b, u, s, how):
@@ -1074,7 +1074,32 @@ def _q6_k_row_int(b, p, base, xv, bs, how):
     return b.sub(acc, b.shl(offs, _c(V16I32, [5] * 16))), None
 
 
-_KQ_ROW_INT = {"q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int}
+def _iq4_xs_row_int(b, p, base, xv, bs, how):
+    """(Σ_j (ls_j − 32)·Σ q·q_x as <16 x i32>, None) for one IQ4_XS super-block; xv in PAIR_ORDER
+    per 64 values (sub-block 2jj's low nibbles, 2jj + 1's, then both high ones: one AND and one
+    shift per 32 bytes). The table values are signed (−127..113): pmaddubsw gets |q| and q_x
+    with q's sign (|products| ≤ 2·127·127, no saturation), as ggml's mul_add_epi8."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    sh = b.or_(_u8(b, p, off(2)), b.shl(_u8(b, p, off(3)), _c(I32, 8)))
+    ls = ir.Constant(ir.VectorType(I8, 16), ir.Undefined)
+    for j in range(8):
+        lo = b.and_(b.lshr(_u8(b, p, off(IQ4XS_SL + j // 2)), _c(I32, 4 * (j % 2))), _c(I32, 15))
+        hi = b.and_(b.lshr(sh, _c(I32, 2 * j)), _c(I32, 3))
+        ls = b.insert_element(ls, b.trunc(b.sub(b.or_(lo, b.shl(hi, _c(I32, 4))), _c(I32, 32)), I8), _c(I32, j))
+    acc = _c(V16I32, [0] * 16)
+    zero = _c(V64I8, [0] * 64)
+    for jj in range(4):
+        q = _vload(b, p, off(IQ4XS_QS + 32 * jj), V32I8, 1)
+        w = _lookup16_pshufb(b, _concat(b, _bits(b, q, 0, 15), _bits(b, q, 4, None)), how)
+        neg = b.icmp_signed("<", w, zero)
+        u, x = b.select(neg, b.sub(zero, w), w), b.select(neg, b.sub(zero, xv[jj]), xv[jj])
+        sc = _spread(b, ls, ([2 * jj] * 8 + [2 * jj + 1] * 8) * 2, b.sext)
+        acc = _madd_acc(b, acc, _maddubs(b, u, x, how), sc, how)
+    return acc, None
+
+
+_KQ_ROW_INT = {"q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int,
+               "iq4_xs": _iq4_xs_row_int}
 
 
 def _dot4_kq_int_codegen(fmt):
@@ -1098,12 +1123,14 @@ def _dot4_kq_int_codegen(fmt):
             base = builder.mul(sb, _c(ity, nbytes))
             xo = builder.mul(sb, _c(ity, QK_K))
             xv = [_vload(builder, xq, builder.add(xo, _c(ity, 64 * u)), V64I8, 1) for u in range(4)]
+            if fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
+                xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
             bs = _vload(builder, xb, builder.mul(sb, _c(ity, QK_K // 16)), V16I16, 2)
             dx = builder.load(builder.gep(xd, [sb]))
             for r in range(ROWS):
                 _prefetch_lines(builder, ps[r], base, (nbytes + 63) // 64)
                 isum, mins = row_fn(builder, ws[r], base, xv, bs, how)
-                dpos = 0 if affine else Q6K_D  # fp16 d: first field of block_q4_K/q5_K, last of q6_K
+                dpos = Q6K_D if fmt == "q6_k" else 0  # fp16 d: last field of block_q6_K, else first
                 d = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, dpos))), dx, flags=FAST)
                 v = builder.fmul(builder.sitofp(isum, V16F), _splat(builder, d, 16), flags=FAST)
                 accs = builder.insert_value(accs, builder.fadd(builder.extract_value(accs, r), v, flags=FAST), r)
@@ -1132,8 +1159,9 @@ def _dot4_kq_int(fmt):
     return intrinsic(typer)
 
 
-# four Q4_K / Q5_K / Q6_K rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
+# four Q4_K / Q5_K / Q6_K / IQ4_XS rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
 dot4i_q4_k, dot4i_q5_k, dot4i_q6_k = _dot4_kq_int("q4_k"), _dot4_kq_int("q5_k"), _dot4_kq_int("q6_k")
+dot4i_iq4_xs = _dot4_kq_int("iq4_xs")
 
 
 # === kernels ====================================================================================
@@ -1410,6 +1438,8 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
                 y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             elif kind == 1:
                 y = dot4i_q5_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 3:
+                y = dot4i_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             else:
                 y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             _store4(Y, t, rows, g, y)
@@ -1418,7 +1448,7 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
 def mm_block_int8(fmt, W, X, rows, Y):
     """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES or KQ_INT): integer
     block dot products, what llama.cpp computes (its error is the activations' 8-bit rounding).
-    32-value types: Q8_0 activation blocks; Q4_K/Q5_K/Q6_K: Q8_K blocks of 256 with group sums."""
+    32-value types: Q8_0 activation blocks; KQ_INT: Q8_K blocks of 256 with group sums."""
     if fmt in KQ_INT_KIND:
         _mm_kq_int(W, *quantize_activations_k(X), rows, Y, KQ_INT_KIND[fmt])
     else:

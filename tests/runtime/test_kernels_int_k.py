@@ -1,4 +1,4 @@
-"""The int8-activation K-quant kernels (Q4_K, Q5_K, Q6_K; llama.cpp's Q8_K scheme) against numpy.
+"""The int8-activation K-quant kernels (Q4_K, Q5_K, Q6_K, IQ4_XS; llama.cpp's Q8_K scheme) vs numpy.
 
 1. ``quantize_q8_k`` equals ggml's quantize_row_q8_K reference (ggml-quants.c) written in
    numpy: ``max`` the signed value of largest magnitude, iscale = −127/max, q = nearest_int
@@ -10,7 +10,7 @@
    any order, several tokens and super-block counts).
 3. Against gguf-py's weights times the float activations (the float path) they differ only by
    the activations' 8-bit rounding (≤ 2 % of ‖Y‖, and not 0: the activations were quantized).
-4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M and Q5_K_M (Q4_K/Q5_K + Q6_K): int8
+4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M, Q5_K_M (Q4_K/Q5_K + Q6_K), IQ4_XS: int8
    gives the float path's greedy tokens (or parts from it only at a near-tie) and close
    logits; the float setting is the float kernel bit for bit.
 """
@@ -70,8 +70,11 @@ def test_quantize_q8_k_matches_ggml_reference():
 def _weights(kind: str, n: int, nsb: int) -> list[np.ndarray]:
     from convert import kquants
 
-    real = kquants.quantize(RNG.standard_normal((n, QK_K * nsb), dtype=np.float32) * 0.1, kind)
-    return [random_blocks(kind, n, nsb, RNG), np.ascontiguousarray(real).reshape(n, -1)]
+    raws = [random_blocks(kind, n, nsb, RNG)]
+    if kind in kquants.TYPES:  # IQ4_XS: random blocks only (no encoder here)
+        real = kquants.quantize(RNG.standard_normal((n, QK_K * nsb), dtype=np.float32) * 0.1, kind)
+        raws.append(np.ascontiguousarray(real).reshape(n, -1))
+    return raws
 
 
 def _deq(raw, kind, n, k):
@@ -117,7 +120,7 @@ def test_int8_kq_is_the_float_path_up_to_activation_rounding(kind):
 @pytest.mark.parametrize("kind", K.KQ_INT)
 def test_matrix_matmul_follows_the_setting(arithmetic, kind):
     n, nsb = 8, 4
-    raw = _weights(kind, n, nsb)[1]
+    raw = _weights(kind, n, nsb)[-1]
     m = Matrix("w", kind.upper(), n, QK_K * nsb, raw)
     X = RNG.standard_normal((2, QK_K * nsb), dtype=np.float32)
     rows = np.arange(n, dtype=np.int64)
@@ -162,7 +165,8 @@ def d256_f16(tmp_path_factory):
     return f16, quantize
 
 
-@pytest.mark.parametrize("preset,kinds", [("Q4_K_M", ("Q4_K", "Q6_K")), ("Q5_K_M", ("Q5_K", "Q6_K"))])
+@pytest.mark.parametrize("preset,kinds", [("Q4_K_M", ("Q4_K", "Q6_K")), ("Q5_K_M", ("Q5_K", "Q6_K")),
+                                          ("IQ4_XS", ("IQ4_XS",))])
 def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, preset, kinds):
     import gguf
 
