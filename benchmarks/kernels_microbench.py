@@ -10,7 +10,7 @@ measured in the same run (its ratio is the figure that travels between machines)
 
     python benchmarks/kernels_microbench.py [--gb 0.6] [--reps 3] [--arithmetic int8|float|both]
 
-The types with an int8 kernel (32-value block types, Q4_K, Q5_K, Q6_K, IQ4_XS: K.INT8_ALL)
+The types with an int8 kernel (32-value block types and K.KQ_INT's K-quants: K.INT8_ALL)
 run in each --arithmetic (default both): ``float`` is ``mm_block`` (weights decoded to float, float
 activations; reported under the type's name), ``int8`` is ``mm_block_int8`` (the activation
 quantized inside each call, to Q8_0 blocks of 32 or Q8_K blocks of 256, integer dot products;

@@ -29,8 +29,8 @@ dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR
 picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
 the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
 float and multiplies the float activations: exact to float32 rounding, what the parity tests
-compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q4_K, Q5_K,
-Q6_K (the K-quants of Q4_K_M/Q5_K_M) and IQ4_XS run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
+compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q2_K, Q4_K,
+Q5_K, Q6_K (the K-quants of Q4_K_M/Q5_K_M) and IQ4_XS run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
 float d, the 16 group sums for the minimum / offset terms; ``quantize_q8_k``); the other
 K-quants always run float.
 
@@ -944,11 +944,11 @@ dot4_q2_k, dot4_q3_k, dot4_q4_k = _dot4_kq("q2_k"), _dot4_kq("q3_k"), _dot4_kq("
 dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq("iq4_xs")
 
 
-# --- K-quants with int8 activations (Q4_K, Q5_K, Q6_K, IQ4_XS): llama.cpp's Q8_K scheme --------
+# --- K-quants with int8 activations (Q2_K, Q4_K, Q5_K, Q6_K, IQ4_XS): llama.cpp's Q8_K scheme --
 # Each activation row is quantized once per matmul to 256-value blocks (``quantize_q8_k``, ggml's
 # quantize_row_q8_K: float d, int8 q[256], the 16 sums of each 16-value group ``bsums``). A row's
 # super-block then contributes d_x·(d·Σ_j sc_j·Σ q_w·q_x − dmin·Σ_j m_j·Σ_{group} q_x) (Q4_K)
-# (Q5_K alike, its quants 0..31) or d_x·d·Σ_g sc_g·(Σ q_w·q_x − 32·bsum_g) (Q6_K, its stored
+# (Q5_K alike, its quants 0..31; Q2_K per 16-value group, quants 0..3) or d_x·d·Σ_g sc_g·(Σ q_w·q_x − 32·bsum_g) (Q6_K, its stored
 # 6-bit value is q_w + 32), every inner sum exact in int32. The stored quants are unsigned (Q4_K
 # 0..15, Q5_K 0..31, Q6_K 0..63), so they are
 # the unsigned operand of pmaddubsw directly (|products| ≤ 2·63·127, no saturation), and the
@@ -959,7 +959,7 @@ V32I16 = ir.VectorType(I16, 32)
 V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
 V8F = ir.VectorType(F32, 8)
-KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs")  # K-quants with an int8-activation kernel
+KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs", "q2_k")  # K-quants with an int8-activation kernel
 
 
 def _maddubs(b, u, s, how):
@@ -1098,14 +1098,33 @@ def _iq4_xs_row_int(b, p, base, xv, bs, how):
     return acc, None
 
 
-_KQ_ROW_INT = {"q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int,
+def _q2_k_row_int(b, p, base, xv, bs, how):
+    """(Σ_g sc_g·Σ q·q_x as <16 x i32>, Σ_g m_g·bsum_g as <8 x i32>) for one Q2_K super-block:
+    scales[16] (4-bit scale | 4-bit minimum << 4), qs[64]: value 128n + 32j + l is bits 2j of
+    qs[32n + l], so two shifts of 32 bytes give 64 values in natural order (sub-blocks of 16)."""
+    sm = _vload(b, p, base, ir.VectorType(I8, 16), 1)
+    sc = b.and_(sm, _c(sm.type, [15] * 16))
+    acc = _c(V16I32, [0] * 16)
+    for n in range(2):
+        Q = _vload(b, p, b.add(base, _c(base.type, Q2K_QS + 32 * n)), V32I8, 1)
+        for h in range(2):
+            u = 2 * n + h
+            w = _concat(b, _bits(b, Q, 4 * h, 3), _bits(b, Q, 4 * h + 2, 3))
+            s16 = _spread(b, sc, [4 * u + i // 8 for i in range(32)], b.zext)
+            acc = _madd_acc(b, acc, _maddubs(b, w, xv[u], how), s16, how)
+    mins = b.zext(b.lshr(sm, _c(sm.type, [4] * 16)), V16I16)
+    return acc, _madd_wd(b, mins, bs, how)
+
+
+_KQ_ROW_INT = {"q2_k": _q2_k_row_int, "q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int,
                "iq4_xs": _iq4_xs_row_int}
 
 
 def _dot4_kq_int_codegen(fmt):
     row_fn = _KQ_ROW_INT[fmt]
     nbytes = KQ_BYTES[fmt]
-    affine = fmt in ("q4_k", "q5_k")
+    affine = fmt in ("q2_k", "q4_k", "q5_k")
+    dpos = {"q6_k": Q6K_D, "q2_k": Q2K_D}.get(fmt, 0)  # fp16 d (then dmin for the affine types)
 
     def codegen(context, builder, sig, args):
         # args: w0..w3, p0..p3 (uint8 rows), xq (int8, nsb·256), xd (d_x per block), xb (int16
@@ -1130,12 +1149,11 @@ def _dot4_kq_int_codegen(fmt):
             for r in range(ROWS):
                 _prefetch_lines(builder, ps[r], base, (nbytes + 63) // 64)
                 isum, mins = row_fn(builder, ws[r], base, xv, bs, how)
-                dpos = Q6K_D if fmt == "q6_k" else 0  # fp16 d: last field of block_q6_K, else first
                 d = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, dpos))), dx, flags=FAST)
                 v = builder.fmul(builder.sitofp(isum, V16F), _splat(builder, d, 16), flags=FAST)
                 accs = builder.insert_value(accs, builder.fadd(builder.extract_value(accs, r), v, flags=FAST), r)
                 if mins is not None:
-                    dm = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, 2))), dx, flags=FAST)
+                    dm = builder.fmul(_f16_at(builder, ws[r], builder.add(base, _c(ity, dpos + 2))), dx, flags=FAST)
                     v = builder.fmul(builder.sitofp(mins, V8F), _splat(builder, dm, 8), flags=FAST)
                     accs = builder.insert_value(accs, builder.fadd(builder.extract_value(accs, ROWS + r), v,
                                                                    flags=FAST), ROWS + r)
@@ -1159,9 +1177,9 @@ def _dot4_kq_int(fmt):
     return intrinsic(typer)
 
 
-# four Q4_K / Q5_K / Q6_K / IQ4_XS rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
+# four Q2_K / Q4_K / Q5_K / Q6_K / IQ4_XS rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
 dot4i_q4_k, dot4i_q5_k, dot4i_q6_k = _dot4_kq_int("q4_k"), _dot4_kq_int("q5_k"), _dot4_kq_int("q6_k")
-dot4i_iq4_xs = _dot4_kq_int("iq4_xs")
+dot4i_iq4_xs, dot4i_q2_k = _dot4_kq_int("iq4_xs"), _dot4_kq_int("q2_k")
 
 
 # === kernels ====================================================================================
@@ -1440,6 +1458,8 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
                 y = dot4i_q5_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             elif kind == 3:
                 y = dot4i_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 4:
+                y = dot4i_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             else:
                 y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             _store4(Y, t, rows, g, y)
