@@ -29,10 +29,11 @@ dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR
 picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
 the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
 float and multiplies the float activations: exact to float32 rounding, what the parity tests
-compare with gguf-py's dequantized weights (``mm_block`` is always this path). Q2_K, Q4_K,
-Q5_K, Q6_K (the K-quants of Q4_K_M/Q5_K_M) and IQ4_XS run int8 the same way with llama.cpp's Q8_K activations (blocks of 256,
-float d, the 16 group sums for the minimum / offset terms; ``quantize_q8_k``); the other
-K-quants always run float.
+compare with gguf-py's dequantized weights (``mm_block`` is always this path). The K-quants
+(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: ``KQ_INT``) run int8 the same way with llama.cpp's Q8_K
+activations (blocks of 256, float d, the 16 group sums for the minimum / offset terms;
+``quantize_q8_k``), integer sums by pmaddubsw + vpdpwssd. ``INT8_DEFAULT`` lists the types
+"int8" runs in int8 (all of them: int8 measured faster than float for every type here).
 
 The intrinsics live in this file on purpose: numba's on-disk cache is invalidated by the
 timestamp of the file that defines a kernel only, so intrinsics in another module could
@@ -959,7 +960,7 @@ V32I16 = ir.VectorType(I16, 32)
 V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
 V8F = ir.VectorType(F32, 8)
-KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs", "q2_k")  # K-quants with an int8-activation kernel
+KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs", "q2_k", "q3_k")  # K-quants with an int8-activation kernel
 
 
 def _maddubs(b, u, s, how):
@@ -1116,7 +1117,36 @@ def _q2_k_row_int(b, p, base, xv, bs, how):
     return acc, _madd_wd(b, mins, bs, how)
 
 
-_KQ_ROW_INT = {"q2_k": _q2_k_row_int, "q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int,
+def _q3_k_row_int(b, p, base, xv, bs, how):
+    """(Σ_g sc_g·(Σ u·q_x − 4·bsum_g) as <16 x i32>, None) for one Q3_K super-block: u = the 2
+    low bits (as Q2_K's) | the hmask bit << 2, 0..7, the value u − 4; 16 signed 6-bit scales."""
+    off = lambda k: b.add(base, _c(base.type, k))  # noqa: E731
+    # scale k: low 4 bits from bytes 0-7, high 2 bits from bytes 8-11 (as _q3_k_row), unpacked as
+    # ggml's three 32-bit words aux (kmask1 0x03030303, kmask2 0x0f0f0f0f), 4 scales per word
+    a0, a1, a2 = (_i32_at(b, p, off(Q3K_SCALES + 4 * i)) for i in range(3))
+    k1, k2 = _c(I32, 0x03030303), _c(I32, 0x0F0F0F0F)
+    sh = lambda v, n: b.lshr(v, _c(I32, n)) if n else v  # noqa: E731
+    words = [b.or_(b.and_(sh(lo, 4 * (w // 2)), k2), b.shl(b.and_(sh(a2, 2 * w), k1), _c(I32, 4)))
+             for w, lo in enumerate((a0, a1, a0, a1))]
+    v = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
+    for w in range(4):
+        v = b.insert_element(v, words[w], _c(I32, w))
+    sc = b.sub(b.bitcast(v, ir.VectorType(I8, 16)), _c(ir.VectorType(I8, 16), [32] * 16))
+    H = _vload(b, p, off(0), V32I8, 1)
+    acc = _c(V16I32, [0] * 16)
+    for n in range(2):
+        Q = _vload(b, p, off(Q3K_QS + 32 * n), V32I8, 1)
+        q = [b.or_(_bits(b, Q, 2 * j, 3), b.shl(_bits(b, H, 4 * n + j, 1), _c(V32I8, [2] * 32))) for j in range(4)]
+        for h in range(2):
+            u = 2 * n + h
+            s16 = _spread(b, sc, [4 * u + i // 8 for i in range(32)], b.sext)
+            acc = _madd_acc(b, acc, _maddubs(b, _concat(b, q[2 * h], q[2 * h + 1]), xv[u], how), s16, how)
+    offs = _madd_wd(b, b.sext(sc, V16I16), bs, how)  # Σ sc_g·bsum_g, 8 lanes
+    offs = b.shuffle_vector(offs, _c(V8I32, [0] * 8), _c(V16I32, list(range(16))))
+    return b.sub(acc, b.shl(offs, _c(V16I32, [2] * 16))), None
+
+
+_KQ_ROW_INT = {"q3_k": _q3_k_row_int, "q2_k": _q2_k_row_int, "q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int,
                "iq4_xs": _iq4_xs_row_int}
 
 
@@ -1124,7 +1154,7 @@ def _dot4_kq_int_codegen(fmt):
     row_fn = _KQ_ROW_INT[fmt]
     nbytes = KQ_BYTES[fmt]
     affine = fmt in ("q2_k", "q4_k", "q5_k")
-    dpos = {"q6_k": Q6K_D, "q2_k": Q2K_D}.get(fmt, 0)  # fp16 d (then dmin for the affine types)
+    dpos = {"q6_k": Q6K_D, "q2_k": Q2K_D, "q3_k": Q3K_D}.get(fmt, 0)  # fp16 d (then dmin for the affine types)
 
     def codegen(context, builder, sig, args):
         # args: w0..w3, p0..p3 (uint8 rows), xq (int8, nsb·256), xd (d_x per block), xb (int16
@@ -1177,9 +1207,9 @@ def _dot4_kq_int(fmt):
     return intrinsic(typer)
 
 
-# four Q2_K / Q4_K / Q5_K / Q6_K / IQ4_XS rows (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
+# four rows of a KQ_INT type (raw super-block bytes) · a Q8_K-quantized x (quants, d_x, bsums)
 dot4i_q4_k, dot4i_q5_k, dot4i_q6_k = _dot4_kq_int("q4_k"), _dot4_kq_int("q5_k"), _dot4_kq_int("q6_k")
-dot4i_iq4_xs, dot4i_q2_k = _dot4_kq_int("iq4_xs"), _dot4_kq_int("q2_k")
+dot4i_iq4_xs, dot4i_q2_k, dot4i_q3_k = _dot4_kq_int("iq4_xs"), _dot4_kq_int("q2_k"), _dot4_kq_int("q3_k")
 
 
 # === kernels ====================================================================================
@@ -1460,6 +1490,8 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
                 y = dot4i_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             elif kind == 4:
                 y = dot4i_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 5:
+                y = dot4i_q3_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             else:
                 y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             _store4(Y, t, rows, g, y)
@@ -1515,14 +1547,11 @@ def arithmetic_label(kinds=None) -> str:
     lower = None if kinds is None else {k.lower() for k in kinds}
     if arithmetic() == "float" or (lower is not None and not lower & INT8_DEFAULT):
         return "float"
-    if lower is None:
-        acts = "Q8_0/Q8_K activations"
-        extra = "; " + ", ".join(t.upper() for t in BLOCK_TYPES if t not in INT8_DEFAULT) + " float"
-    else:
-        acts = "/".join(n for n, ts in (("Q8_0", B32), ("Q8_K", KQ_INT)) if lower & INT8_DEFAULT & set(ts))
-        acts += " activations"
-        flt = [t.upper() for t in BLOCK_TYPES if t in lower and t not in INT8_DEFAULT]
-        extra = "; " + ", ".join(flt) + " float" if flt else ""
+    pick = set(BLOCK_TYPES) if lower is None else lower
+    acts = "/".join(n for n, ts in (("Q8_0", B32), ("Q8_K", KQ_INT)) if pick & INT8_DEFAULT & set(ts))
+    acts += " activations"
+    flt = [t.upper() for t in BLOCK_TYPES if t in pick and t not in INT8_DEFAULT]  # block types still float
+    extra = "; " + ", ".join(flt) + " float" if flt else ""
     return f"int8 ({acts}, {INT_DOT_NAMES[int_dot_features()]}{extra})"
 
 

@@ -10,7 +10,7 @@
    any order, several tokens and super-block counts).
 3. Against gguf-py's weights times the float activations (the float path) they differ only by
    the activations' 8-bit rounding (≤ 2 % of ‖Y‖, and not 0: the activations were quantized).
-4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M, Q5_K_M, IQ4_XS and Q2_K: int8
+4. A llama with d_model 256 quantized by llama.cpp to Q4_K_M, Q5_K_M, IQ4_XS, Q2_K and Q3_K_M: int8
    gives the float path's greedy tokens (or parts from it only at a near-tie) and close
    logits; the float setting is the float kernel bit for bit.
 """
@@ -136,9 +136,17 @@ def test_matrix_matmul_follows_the_setting(arithmetic, kind):
 def test_labels_name_the_int8_k_quants(arithmetic):
     arithmetic("int8")
     assert K.arithmetic_label({"Q4_K", "Q6_K", "F32"}).startswith("int8 (Q8_K activations, ")
-    label = K.arithmetic_label({"Q4_K", "Q3_K", "Q8_0"})  # Q3_K: no int8 kernel
-    assert "Q8_0/Q8_K activations" in label and label.endswith("; Q3_K float)")
-    assert K.arithmetic_label({"Q3_K", "F32"}) == "float"  # no int8 kernel among them
+    label = K.arithmetic_label({"Q4_K", "Q3_K", "Q8_0"})
+    assert "Q8_0/Q8_K activations" in label and "float" not in label
+    assert K.arithmetic_label(None).startswith("int8 (Q8_0/Q8_K activations, ")
+    assert K.arithmetic_label({"F16", "F32"}) == "float"  # no int8 kernel among them
+    # a type taken out of the int8 set (as a type int8 would be slower for) is named as float
+    saved = K.INT8_DEFAULT
+    try:
+        K.INT8_DEFAULT = saved - {"q3_k"}
+        assert K.arithmetic_label({"Q4_K", "Q3_K"}).endswith("; Q3_K float)")
+    finally:
+        K.INT8_DEFAULT = saved
     arithmetic("float")
     assert K.arithmetic_label({"Q4_K", "Q6_K"}) == "float"
 
@@ -166,7 +174,7 @@ def d256_f16(tmp_path_factory):
 
 
 @pytest.mark.parametrize("preset,kinds", [("Q4_K_M", ("Q4_K", "Q6_K")), ("Q5_K_M", ("Q5_K", "Q6_K")),
-                                          ("IQ4_XS", ("IQ4_XS",)), ("Q2_K", ("Q2_K",))])
+                                          ("IQ4_XS", ("IQ4_XS",)), ("Q2_K", ("Q2_K",)), ("Q3_K_M", ("Q3_K",))])
 def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, preset, kinds):
     import gguf
 
