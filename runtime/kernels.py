@@ -961,6 +961,8 @@ V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
 V8F = ir.VectorType(F32, 8)
 KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs", "q2_k", "q3_k")  # K-quants with an int8-activation kernel
+KQ_DOT_NAMES = {"avx512vnni": "AVX-512 pmaddubsw + VNNI vpdpwssd", "avxvnni": "AVX2 pmaddubsw + pmaddwd",
+                "avx2": "AVX2 pmaddubsw + pmaddwd", "generic": "portable integer IR"}  # as arithmetic_label says
 
 
 def _maddubs(b, u, s, how):
@@ -1548,11 +1550,13 @@ def arithmetic_label(kinds=None) -> str:
     if arithmetic() == "float" or (lower is not None and not lower & INT8_DEFAULT):
         return "float"
     pick = set(BLOCK_TYPES) if lower is None else lower
-    acts = "/".join(n for n, ts in (("Q8_0", B32), ("Q8_K", KQ_INT)) if pick & INT8_DEFAULT & set(ts))
-    acts += " activations"
+    how = int_dot_features()
+    used = [(n, dots[how]) for n, ts, dots in (("Q8_0", B32, INT_DOT_NAMES), ("Q8_K", KQ_INT, KQ_DOT_NAMES))
+            if pick & INT8_DEFAULT & set(ts)]
+    acts = "/".join(n for n, _ in used) + " activations"
     flt = [t.upper() for t in BLOCK_TYPES if t in pick and t not in INT8_DEFAULT]  # block types still float
     extra = "; " + ", ".join(flt) + " float" if flt else ""
-    return f"int8 ({acts}, {INT_DOT_NAMES[int_dot_features()]}{extra})"
+    return f"int8 ({acts}, {' / '.join(d for _, d in used)}{extra})"
 
 
 def mm_block(fmt, W, X, rows, Y):

@@ -135,7 +135,8 @@ def test_matrix_matmul_follows_the_setting(arithmetic, kind):
 
 def test_labels_name_the_int8_k_quants(arithmetic):
     arithmetic("int8")
-    assert K.arithmetic_label({"Q4_K", "Q6_K", "F32"}).startswith("int8 (Q8_K activations, ")
+    label = K.arithmetic_label({"Q4_K", "Q6_K", "F32"})
+    assert label == f"int8 (Q8_K activations, {K.KQ_DOT_NAMES[K.int_dot_features()]})"
     label = K.arithmetic_label({"Q4_K", "Q3_K", "Q8_0"})
     assert "Q8_0/Q8_K activations" in label and "float" not in label
     assert K.arithmetic_label(None).startswith("int8 (Q8_0/Q8_K activations, ")
@@ -149,6 +150,26 @@ def test_labels_name_the_int8_k_quants(arithmetic):
         K.INT8_DEFAULT = saved
     arithmetic("float")
     assert K.arithmetic_label({"Q4_K", "Q6_K"}) == "float"
+
+
+def test_kq_int_kernel_emits_integer_dot():
+    """The compiled Q4_K int8 kernel multiplies bytes with pmaddubsw and the scales with this
+    CPU's 16-bit multiply-add (vpdpwssd with AVX-512 VNNI), on a fresh compilation's assembly."""
+    from numba import njit
+
+    how = K.int_dot_features()
+    want = {"avx512vnni": "vpdpwssd", "avxvnni": "vpmaddwd", "avx2": "vpmaddwd"}.get(how)
+    if want is None:
+        pytest.skip(f"no x86 integer dot here ({how}): the portable IR runs")
+    dot = K.dot4i_q4_k
+
+    @njit(fastmath=True)
+    def f(W, xq, xd, xb, nsb):
+        return dot(W[0], W[1], W[2], W[3], W[4], W[5], W[6], W[7], xq, xd, xb, nsb)
+
+    f(np.zeros((8, 144 * 2), np.uint8), np.zeros(512, np.int8), np.zeros(2, np.float32), np.zeros(32, np.int16), 2)
+    asm = "\n".join(f.inspect_asm().values())
+    assert want in asm and "vpmaddubsw" in asm, how
 
 
 @pytest.fixture(scope="module")
