@@ -8,6 +8,10 @@ whatever T.
 Affine types (Q2_K, Q4_K, Q5_K) compute d·s·Σ q·x − dmin·m·Σ x per sub-block; the Σ x per
 sub-block (``xsum``) is computed once per call and shared by all rows.
 
+Under ``--arithmetic int8`` (the default) they run on llama.cpp's Q8_K activations instead
+(``runtime.kernels.mm_block_int8``, ``quantize_q8_k``: integer sums, the minimums and offsets
+from the activation blocks' 16-value group sums); ``mm_block`` is the float path.
+
 The kernels themselves live in ``runtime/kernels.py`` (``mm_block``) beside the SIMD
 intrinsics they are built from (numba's cache only watches the file that defines a kernel);
 this module keeps the K-quant constants.
