@@ -42,3 +42,48 @@ def dequantized(model):
         for k, v in list(layer.items()):
             layer[k] = f32(v)
     return model
+
+
+_OTHER_CPU_CHECK = """
+import numpy as np
+from gguf import GGMLQuantizationType, dequantize
+from runtime import kernels as K
+from tests.runtime.quant_blocks import random_blocks
+assert K.int_dot_features() == {want!r}, K.int_dot_features()
+rng = np.random.default_rng(0)
+n, nb, T, B = 5, {blocks}, 2, {block}
+X = rng.standard_normal((T, B * nb)).astype(np.float32)
+xq, xd, _ = K.{quantize}(X)
+Xq = (xq.reshape(T, nb, B).astype(np.float64) * xd[..., None]).reshape(T, -1)
+for kind in K.{types}:
+    raw = random_blocks(kind, n, nb, rng)
+    W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, -1).astype(np.float64)
+    Y = np.zeros((T, n), np.float32)
+    K.mm_block_int8(kind, raw, X, np.arange(n, dtype=np.int64), Y)
+    assert np.all(np.abs(Y - Xq @ W.T) <= 1e-5 * (np.abs(Xq) @ np.abs(W).T) + 1e-7), kind
+print("ok")
+"""
+
+
+def int8_on_other_cpu(tmp_path, cpu: str, features: str, want: str, *, block: int, blocks: int,
+                      quantize: str, types: str) -> None:
+    """Compile the int8 kernels of ``runtime.kernels.<types>`` for another CPU (NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES, their own cache) in a subprocess and check them against the reference on
+    the activations quantized by ``<quantize>``; skips where this CPU lacks the instructions."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+    from llvmlite import binding
+
+    host = {k for k, v in binding.get_host_cpu_features().items() if v}
+    if not {f[1:] for f in features.split(",")} <= host:
+        pytest.skip(f"this CPU cannot run code built for {cpu}")
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path),
+               NUMBA_NUM_THREADS="1")
+    script = _OTHER_CPU_CHECK.format(want=want, block=block, blocks=blocks, quantize=quantize, types=types)
+    res = subprocess.run([sys.executable, "-c", script], env=env, cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, dequantize, quantize
 
 from runtime import kernels as K
 from runtime.weights import Matrix
-from tests.runtime.quant_blocks import random_blocks
+from tests.runtime.quant_blocks import int8_on_other_cpu, random_blocks
 
 RNG = np.random.default_rng(11)
 
@@ -212,27 +212,6 @@ def test_cli_arithmetic_option(exported, arithmetic):
     assert res.exit_code == 2
 
 
-FALLBACK_CHECK = """
-import numpy as np
-from gguf import GGMLQuantizationType, dequantize
-from runtime import kernels as K
-from tests.runtime.quant_blocks import random_blocks
-assert K.int_dot_features() == {want!r}, K.int_dot_features()
-rng = np.random.default_rng(0)
-n, nb, T = 5, 21, 2
-X = rng.standard_normal((T, 32 * nb)).astype(np.float32)
-xq, xd, _ = K.quantize_activations(X)
-Xq = (xq.reshape(T, nb, 32).astype(np.float64) * xd[..., None]).reshape(T, -1)
-for kind in K.INT8_TYPES:
-    raw = random_blocks(kind, n, nb, rng)
-    W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, -1).astype(np.float64)
-    Y = np.zeros((T, n), np.float32)
-    K.mm_block_int8(kind, raw, X, np.arange(n, dtype=np.int64), Y)
-    assert np.all(np.abs(Y - Xq @ W.T) <= 1e-5 * (np.abs(Xq) @ np.abs(W).T) + 1e-7), kind
-print("ok")
-"""
-
-
 @pytest.mark.parametrize("cpu,features,want", [
     ("haswell", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt", "avx2"),
     ("alderlake", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+avxvnni", "avxvnni"),
@@ -242,19 +221,5 @@ def test_other_cpus_integer_dot(tmp_path, cpu, features, want):
     """The instruction choices this CPU does not take (AVX2 pmaddubsw, AVX-VNNI, portable IR),
     compiled for those CPUs (NUMBA_CPU_NAME/NUMBA_CPU_FEATURES, their own cache) and run here:
     same results as the reference. Skipped where this CPU lacks the instructions."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from llvmlite import binding
-
-    host = {k for k, v in binding.get_host_cpu_features().items() if v}
-    if not {f[1:] for f in features.split(",")} <= host:
-        pytest.skip(f"this CPU cannot run code built for {cpu}")
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path),
-               NUMBA_NUM_THREADS="1")
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-c", FALLBACK_CHECK.format(want=want)], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+    int8_on_other_cpu(tmp_path, cpu, features, want, block=32, blocks=21,
+                      quantize="quantize_activations", types="INT8_TYPES")

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType, dequantize
 from aios.quant import QK_K
 from runtime import kernels as K
 from runtime.weights import Matrix
-from tests.runtime.quant_blocks import random_blocks
+from tests.runtime.quant_blocks import int8_on_other_cpu, random_blocks
 
 RNG = np.random.default_rng(23)
 
@@ -236,47 +236,13 @@ def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, prese
         assert np.array_equal(w.matmul(X), Y)
 
 
-FALLBACK_CHECK = """
-import numpy as np
-from gguf import GGMLQuantizationType, dequantize
-from runtime import kernels as K
-from tests.runtime.quant_blocks import random_blocks
-assert K.int_dot_features() == {want!r}, K.int_dot_features()
-rng = np.random.default_rng(0)
-n, nsb, T = 5, 3, 2
-X = rng.standard_normal((T, 256 * nsb)).astype(np.float32)
-xq, xd, _ = K.quantize_activations_k(X)
-Xq = (xq.reshape(T, nsb, 256).astype(np.float64) * xd[..., None]).reshape(T, -1)
-for kind in K.KQ_INT:
-    raw = random_blocks(kind, n, nsb, rng)
-    W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, -1).astype(np.float64)
-    Y = np.zeros((T, n), np.float32)
-    K.mm_block_int8(kind, raw, X, np.arange(n, dtype=np.int64), Y)
-    assert np.all(np.abs(Y - Xq @ W.T) <= 1e-5 * (np.abs(Xq) @ np.abs(W).T) + 1e-7), kind
-print("ok")
-"""
-
-
 @pytest.mark.parametrize("cpu,features,want", [
     ("haswell", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt", "avx2"),
+    ("alderlake", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+avxvnni", "avxvnni"),
     pytest.param("sandybridge", "+avx,+f16c,+sse4.2,+popcnt", "generic", marks=pytest.mark.slow),
 ])
 def test_other_cpus_kq_integer_dot(tmp_path, cpu, features, want):
-    """The pmaddubsw/pmaddwd (AVX2) and portable-IR choices of the K-quant int8 kernels,
-    compiled for those CPUs in a subprocess: same results as the reference."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from llvmlite import binding
-
-    host = {k for k, v in binding.get_host_cpu_features().items() if v}
-    if not {f[1:] for f in features.split(",")} <= host:
-        pytest.skip(f"this CPU cannot run code built for {cpu}")
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path),
-               NUMBA_NUM_THREADS="1")
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-c", FALLBACK_CHECK.format(want=want)], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+    """The pmaddubsw/pmaddwd (AVX2, AVX-VNNI) and portable-IR choices of the K-quant int8
+    kernels, compiled for those CPUs in a subprocess: same results as the reference."""
+    int8_on_other_cpu(tmp_path, cpu, features, want, block=256, blocks=3,
+                      quantize="quantize_activations_k", types="KQ_INT")
