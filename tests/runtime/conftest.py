@@ -35,3 +35,13 @@ def exported(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture
+def arithmetic():
+    """Set the process-wide kernel arithmetic inside a test; restored afterwards."""
+    from runtime import kernels
+
+    before = kernels.arithmetic()
+    yield kernels.set_arithmetic
+    kernels.set_arithmetic(before)

@@ -26,14 +26,6 @@ from tests.runtime.quant_blocks import int8_on_other_cpu, random_blocks
 RNG = np.random.default_rng(11)
 
 
-@pytest.fixture
-def arithmetic():
-    """Set the process-wide arithmetic inside a test; restored afterwards."""
-    before = K.arithmetic()
-    yield K.set_arithmetic
-    K.set_arithmetic(before)
-
-
 def _q8_numpy(X: np.ndarray):
     """ggml's quantize_row_q8_0 (reference C) in numpy, d kept in float32."""
     B = X.reshape(X.shape[0], -1, 32)

@@ -29,13 +29,6 @@ from tests.runtime.quant_blocks import int8_on_other_cpu, random_blocks
 RNG = np.random.default_rng(23)
 
 
-@pytest.fixture
-def arithmetic():
-    before = K.arithmetic()
-    yield K.set_arithmetic
-    K.set_arithmetic(before)
-
-
 def _q8_k_numpy(X: np.ndarray):
     """ggml's quantize_row_q8_K reference in numpy: (q int8, d float32 per 256, bsums int16 per 16)."""
     T, k = X.shape
