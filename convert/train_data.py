@@ -162,11 +162,18 @@ class StreamedWindows:
         datasets.disable_progress_bars()
 
         kwargs = {"sample_by": "paragraph"} if self.builder == "text" else {}
-        ds = load_dataset(self.builder, data_files=[str(f) for f in self.files], split="train",
-                          streaming=True, **kwargs)
+        try:  # Parquet footers are read here already (schema inference)
+            ds = load_dataset(self.builder, data_files=[str(f) for f in self.files], split="train",
+                              streaming=True, **kwargs)
+        except Exception as e:
+            raise self._unreadable(e) from None
         if self.world > 1:
             ds = split_dataset_by_node(ds, rank=self.rank, world_size=self.world)
         return ds
+
+    def _unreadable(self, e: Exception) -> BadTextFileError:
+        first = str(e).splitlines()[0].rstrip(".") if str(e) else type(e).__name__
+        return BadTextFileError(f"Training data {self.spec} cannot be read: {first}.")
 
     def _read_docs(self, n: int) -> list[str]:
         """Up to ``n`` non-empty documents; starts the next epoch at the end of the corpus."""
@@ -188,8 +195,7 @@ class StreamedWindows:
                     break
                 continue
             except Exception as e:  # pyarrow / json parse errors: one sentence, exit 4
-                raise BadTextFileError(f"Training data {self.spec} cannot be read: "
-                                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}.") from None
+                raise self._unreadable(e) from None
             text = row.get(TEXT_COLUMN)
             if text is None:
                 raise BadTextFileError(f"Training data {self.spec} has no '{TEXT_COLUMN}' field "

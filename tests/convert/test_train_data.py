@@ -164,6 +164,10 @@ def test_bad_corpora_get_one_sentence(tok, tmp_path):
     with pytest.raises(BadTextFileError, match="cannot be read") as e:
         StreamedWindows(bad, tok, 16, 0).next_batch(1)
     assert "\n" not in str(e.value)
+    torn = tmp_path / "torn.parquet"
+    torn.write_bytes(_parquet(tmp_path / "ok.parquet").read_bytes()[:300])  # footer cut off
+    with pytest.raises(BadTextFileError, match="torn.parquet cannot be read"):
+        StreamedWindows(torn, tok, 16, 0).next_batch(1)
     other = tmp_path / "other.jsonl"
     other.write_text('{"body": "no text field here"}\n')
     with pytest.raises(BadTextFileError, match="no 'text' field .*body"):
