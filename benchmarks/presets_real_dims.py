@@ -1,0 +1,190 @@
+"""Benchmark: every llama.cpp CPU preset at real dimensions, aios-run vs llama.cpp, one run.
+
+For each architecture (``--archs``: Falcon-7B dimensions — d 4544, 71 query heads, one KV head,
+d_ffn 18176, vocabulary 65024 — and Llama-3.1-8B dimensions — d 4096, 32/8 heads, d_ffn 14336,
+vocabulary 128256, llama3 RoPE), a random-init checkpoint with ``--layers`` blocks (bf16
+safetensors, as the hub ships them) is exported to f16 by ``aios-convert gguf`` and quantized by
+llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to each ``--presets``
+(F16 is our export itself). Per file, in the same run:
+
+* ``tok_s``: decode tokens/s of aios-run (its default arithmetic, int8 activations for block
+  types) and of llama.cpp (llama-cpp-python) on the same file, both ``--threads`` threads,
+  alternated for ``--rounds`` rounds; ``ratio`` is the median of the per-round ratios;
+* ``eff_gb_s``: our effective weight bandwidth (the weight bytes our counter says one decode
+  token reads × tokens/s) and its fraction of the machine's streaming read bandwidth, probed in
+  this run (best of two parallel read kernels over 1 GiB, ``runtime_vs_llamacpp.stream_bandwidth``);
+* ``rss``: peak resident memory of a fresh process that loads the file and decodes ``--tokens``
+  tokens (ours, then llama.cpp's, each in its own subprocess) against the file size, and our
+  load time (``Model(path)``: mmap + per-layer vectors; JIT excluded: the kernels are cached).
+
+Random weights: these are speed and memory figures, not text quality (quality per preset is
+tested on the trained fixtures in tests/runtime/test_llamacpp_presets.py). The machine is
+shared: only the paired ratios are claims; name the CPU (``lscpu``) beside any figure.
+
+    python benchmarks/presets_real_dims.py [--archs falcon-7b,llama-3.1-8b] [--layers 4]
+        [--presets F16,Q8_0,Q4_0,Q4_K_M,...] [--tokens 16] [--rounds 3] [-o results.json]
+
+Needs ~5 GB of free RAM and ~10 GB of disk per architecture at 4 layers (the work folder is
+deleted afterwards unless --keep). Prints one JSON line per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from q4_k_m_families import build, quantize  # noqa: E402
+from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, paired, stream_bandwidth  # noqa: E402
+
+PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
+ARCHS = ("falcon-7b", "llama-3.1-8b")
+
+# one fresh process per measurement: peak RSS of exactly one load + decode, nothing else resident.
+# VmHWM, not getrusage's ru_maxrss: Linux carries the parent's high-water mark across fork+exec
+# into ru_maxrss (so every child would report this process's peak), while VmHWM is the new image's.
+_HWM = """
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+"""
+_OURS_RSS = """
+import json, sys, time
+""" + _HWM + """
+from runtime.generate import generate
+from runtime.model import Model
+from runtime import kernels
+kernels.set_threads(int(sys.argv[3]))
+t = time.perf_counter()
+m = Model(sys.argv[1], n_ctx=256)
+load = time.perf_counter() - t
+_, tm = generate(m, list(range(1, 9)), int(sys.argv[2]))
+print(json.dumps({"load_s": load, "tok_s": tm.decode_tps,
+                  "peak_rss": hwm()}))
+"""
+_LLAMA_RSS = """
+import json, sys, time
+""" + _HWM + """
+from llama_cpp import Llama
+t = time.perf_counter()
+llm = Llama(model_path=sys.argv[1], n_ctx=256, n_threads=int(sys.argv[3]), verbose=False)
+load = time.perf_counter() - t
+llm.eval(list(range(1, 9)))
+for _ in range(int(sys.argv[2])):
+    llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
+print(json.dumps({"load_s": load, "peak_rss": hwm()}))
+"""
+
+
+def _subprocess(code: str, path: Path, tokens: int, threads: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads)], env=env,
+                       capture_output=True, text=True, check=False)
+    if r.returncode:
+        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def one_file(path: Path, preset: str, args, stream: float) -> dict:
+    import gguf
+
+    from runtime import kernels
+
+    mix = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors
+                              if len(t.shape) >= 2)
+    size = path.stat().st_size
+    ours, theirs = Ours(path, "dense"), LlamaCpp(path)
+    p = paired(ours, theirs, args.tokens, args.rounds)
+    del theirs
+    bpt = p["a"]["weight_bytes_per_token"]
+    eff = bpt * p["a"]["decode_tok_s"] / 1e9
+    del ours
+    mine = _subprocess(_OURS_RSS, path, args.tokens, args.threads)
+    lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads)
+    row = {"preset": preset, "file_bytes": size, "types_2d": dict(sorted(mix.items())),
+           "arithmetic": kernels.arithmetic_label(set(mix)),
+           "tok_s": {"aios_run": round(p["a"]["decode_tok_s"], 2), "llama_cpp": round(p["b"]["decode_tok_s"], 2)},
+           "ratios": p["ratios"], "ratio": p["ratio"],
+           "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2), "eff_over_stream": round(eff / stream, 3)}
+    if "peak_rss" in mine:
+        row["rss"] = {"aios_run_peak": mine["peak_rss"], "aios_run_over_file": round(mine["peak_rss"] / size, 3),
+                      "llama_cpp_peak": lc.get("peak_rss"), "aios_run_load_s": round(mine["load_s"], 2),
+                      "llama_cpp_load_s": round(lc["load_s"], 2) if "load_s" in lc else None}
+    else:
+        row["rss"] = {"error": mine.get("error"), "llama_cpp": lc}
+    return row
+
+
+def one_arch(arch: str, args, stream: float) -> list[dict]:
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    work = args.keep / arch if args.keep else Path(tempfile.mkdtemp(prefix="aios-presets-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        f16 = work / f"{arch}.F16.gguf"
+        if not f16.exists():
+            src = work / "random-init"
+            t = time.perf_counter()
+            build(src, arch, args.layers)
+            export_gguf(str(src), f16, GGUFExportConfig("f16"))
+            shutil.rmtree(src)
+            print(f"# {arch}: built and exported f16 in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+        for preset in args.presets.split(","):
+            path = f16 if preset == "F16" else work / f"{arch}.{preset}.gguf"
+            try:
+                if not path.exists():
+                    quantize(f16, path, preset)
+                row = {"arch": arch, "layers": args.layers, **one_file(path, preset, args, stream)}
+            except Exception as e:  # one preset's failure is a finding: report it and go on
+                row = {"arch": arch, "preset": preset, "error": f"{type(e).__name__}: {e}"}
+            if path != f16 and not args.keep:
+                path.unlink(missing_ok=True)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default=",".join(ARCHS))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="Threads for both runtimes (default: physical cores).")
+    ap.add_argument("--keep", type=Path, default=None, help="Keep the files in this folder (and reuse them).")
+    ap.add_argument("-o", "--output", type=Path, default=None)
+    args = ap.parse_args()
+    from runtime import kernels
+
+    args.threads = kernels.set_threads(args.threads)
+    probes = stream_bandwidth()
+    stream = max(probes.values())
+    head = {"stream_gb_s": round(stream, 2), "stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()},
+            "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "prompt_tokens": len(PROMPT)}
+    print(json.dumps(head), flush=True)
+    rows = []
+    for arch in args.archs.split(","):
+        rows += one_arch(arch, args, stream)
+    if args.output:
+        args.output.write_text(json.dumps({**head, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
