@@ -11,8 +11,9 @@ llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to ea
   types) and of llama.cpp (llama-cpp-python) on the same file, both ``--threads`` threads,
   alternated for ``--rounds`` rounds; ``ratio`` is the median of the per-round ratios;
 * ``eff_gb_s``: our effective weight bandwidth (the weight bytes our counter says one decode
-  token reads × tokens/s) and its fraction of the machine's streaming read bandwidth, probed in
-  this run (best of two parallel read kernels over 1 GiB, ``runtime_vs_llamacpp.stream_bandwidth``);
+  token reads × tokens/s) and its fraction of the machine's streaming read bandwidth, probed
+  just before and after this file's rounds (best of two parallel read kernels over 1 GiB,
+  ``runtime_vs_llamacpp.stream_bandwidth``);
 * ``rss``: peak resident memory of a fresh process that loads the file and decodes ``--tokens``
   tokens (ours, then llama.cpp's, each in its own subprocess) against the file size, and our
   load time (``Model(path)``: mmap + per-layer vectors; JIT excluded: the kernels are cached).
@@ -97,7 +98,7 @@ def _subprocess(code: str, path: Path, tokens: int, threads: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def one_file(path: Path, preset: str, args, stream: float) -> dict:
+def one_file(path: Path, preset: str, args) -> dict:
     import gguf
 
     from runtime import kernels
@@ -106,7 +107,10 @@ def one_file(path: Path, preset: str, args, stream: float) -> dict:
                               if len(t.shape) >= 2)
     size = path.stat().st_size
     ours, theirs = Ours(path, "dense"), LlamaCpp(path)
+    before = stream_bandwidth(reps=3)
     p = paired(ours, theirs, args.tokens, args.rounds)
+    after = stream_bandwidth(reps=3)
+    stream = max(*before.values(), *after.values())  # probed beside this file's rounds: the machine is shared
     del theirs
     bpt = p["a"]["weight_bytes_per_token"]
     eff = bpt * p["a"]["decode_tok_s"] / 1e9
@@ -117,7 +121,8 @@ def one_file(path: Path, preset: str, args, stream: float) -> dict:
            "arithmetic": kernels.arithmetic_label(set(mix)),
            "tok_s": {"aios_run": round(p["a"]["decode_tok_s"], 2), "llama_cpp": round(p["b"]["decode_tok_s"], 2)},
            "ratios": p["ratios"], "ratio": p["ratio"],
-           "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2), "eff_over_stream": round(eff / stream, 3)}
+           "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2),
+           "stream_gb_s": round(stream, 2), "eff_over_stream": round(eff / stream, 3)}
     if "peak_rss" in mine:
         row["rss"] = {"aios_run_peak": mine["peak_rss"], "aios_run_over_file": round(mine["peak_rss"] / size, 3),
                       "llama_cpp_peak": lc.get("peak_rss"), "aios_run_load_s": round(mine["load_s"], 2),
@@ -127,7 +132,7 @@ def one_file(path: Path, preset: str, args, stream: float) -> dict:
     return row
 
 
-def one_arch(arch: str, args, stream: float) -> list[dict]:
+def one_arch(arch: str, args) -> list[dict]:
     from convert.gguf import GGUFExportConfig, export_gguf
 
     work = args.keep / arch if args.keep else Path(tempfile.mkdtemp(prefix="aios-presets-"))
@@ -147,7 +152,7 @@ def one_arch(arch: str, args, stream: float) -> list[dict]:
             try:
                 if not path.exists():
                     quantize(f16, path, preset)
-                row = {"arch": arch, "layers": args.layers, **one_file(path, preset, args, stream)}
+                row = {"arch": arch, "layers": args.layers, **one_file(path, preset, args)}
             except Exception as e:  # one preset's failure is a finding: report it and go on
                 row = {"arch": arch, "preset": preset, "error": f"{type(e).__name__}: {e}"}
             if path != f16 and not args.keep:
@@ -181,7 +186,7 @@ def main() -> None:
     print(json.dumps(head), flush=True)
     rows = []
     for arch in args.archs.split(","):
-        rows += one_arch(arch, args, stream)
+        rows += one_arch(arch, args)
     if args.output:
         args.output.write_text(json.dumps({**head, "rows": rows}, indent=2) + "\n")
 
