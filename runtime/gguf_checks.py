@@ -23,6 +23,9 @@ OPTIONAL_INT_KEYS = ("attention.head_count_kv", "context_length", "rope.dimensio
                      "attention.key_length", "attention.sliding_window")
 FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon",
               "rope.freq_base_swa", "attn_logit_softcapping", "final_logit_softcapping")
+# 0 is "none" here, as in llama.cpp: its converter writes a sliding window of 0 for every Phi-3
+# without one (and for Phi-4)
+ZERO_IS_NONE = ("attention.sliding_window",)
 MAX_LAYERS = 4096
 
 
@@ -35,6 +38,8 @@ def check_hparams(store, arch: str, path: Path) -> None:
     for key in INT_KEYS + OPTIONAL_INT_KEYS:
         v = store.field(f"{arch}.{key}")
         if v is None and key in OPTIONAL_INT_KEYS:
+            continue
+        if key in ZERO_IS_NONE and v == 0 and not isinstance(v, bool):
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise bad(key, v, "a positive integer")
