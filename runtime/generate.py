@@ -48,10 +48,12 @@ def load_tokenizer(gguf_path: Path, tokenizer_dir: Path | None = None):
     """The tokenizer embedded in the GGUF (via transformers), or one from ``tokenizer_dir``."""
     from transformers import AutoTokenizer
 
+    from aios.models.gguf_tokenizer import load_gguf_tokenizer
+
     try:
         if tokenizer_dir is not None:
             return AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        return load_gguf_tokenizer(gguf_path)
     except Exception as e:  # transformers raises many types for a missing/odd tokenizer
         raise InvalidModelError(
             f"No usable tokenizer in {gguf_path.name} ({str(e).splitlines()[0][:160]}); "

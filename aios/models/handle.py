@@ -266,7 +266,9 @@ class ModelHandle:
         assert self.path is not None
         try:
             if self.kind == "gguf":
-                return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+                from aios.models.gguf_tokenizer import load_gguf_tokenizer
+
+                return load_gguf_tokenizer(self.path)
             return AutoTokenizer.from_pretrained(str(self.path))
         except (OSError, ValueError, KeyError) as e:
             raise InvalidModelError(
