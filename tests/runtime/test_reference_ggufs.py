@@ -9,7 +9,10 @@ model is rebuilt here from its seed, and:
   RoPE factors) as it reads ours;
 - both are within f16 rounding of transformers' logits (≤ 2 % of the largest logit);
 - ``aios-contract check`` on llama.cpp's file measures R1 by running it, and agrees with the
-  check of the HF folder (SiLU/GELU: no exact zeros in either), and R2/R4 read the same facts.
+  check of the HF folder (SiLU/GELU: no exact zeros in either), and R2/R4 read the same facts;
+- Gemma 2's and Phi-3's files carry a SentencePiece vocabulary (``tokenizer.ggml.model = "llama"``):
+  the tokenizer aios-run loads from them gives the ids of the model's transformers tokenizer (and of
+  llama.cpp's, when llama-cpp-python is installed), chat tokens included, and decodes them back.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pytest
 from contract.check import check_model
 from convert.gguf import GGUFExportConfig, export_gguf
 from runtime.model import Model
-from tests.runtime.data.build_reference_ggufs import MODELS, build_source
+from tests.runtime.data.build_reference_ggufs import MODELS, SPM_FAMILIES, build_source
 from tests.runtime.test_model import _hf_logits
 
 REFERENCE = Path(__file__).parent / "data" / "reference"
@@ -46,7 +49,10 @@ def test_runtime_and_checker_on_llama_cpp_converted_file(tmp_path, name):
     ours = tmp_path / "ours.f16.gguf"
     export_gguf(str(src), ours, GGUFExportConfig("f16"))
     ids, hf = _hf_logits(src)
-    theirs = Model(ref).forward(ids, all_logits=True)
+    model = Model(ref)
+    if model.hp.window:  # Gemma 2/3: the prompt runs past the window of the local layers
+        assert len(ids) > model.hp.window and any(model.hp.swa_layers) and not all(model.hp.swa_layers)
+    theirs = model.forward(ids, all_logits=True)
     mine = Model(ours).forward(ids, all_logits=True)
     scale = float(np.abs(hf).max())
     assert np.abs(theirs - mine).max() <= 1e-5 * scale
@@ -62,3 +68,42 @@ def test_runtime_and_checker_on_llama_cpp_converted_file(tmp_path, name):
         assert [r.status for r in folder.requirements if r.id == rid] == \
             [r.status for r in file.requirements if r.id == rid]
         assert {k: a[k] for k in b} == b
+
+
+TEXTS = ["def add(a, b):\n    return a + b  # The list type supports slicing and item assignment.",
+         "Hello world", "  two  spaces\n\nand a tab\tnaïve café ☃ 日本 😀", "x  y   z\n\n\n  w"]
+CHATS = {"gemma2": ["<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<eos>x<end_of_turn> y"],
+         # Phi-3's chat tokens (and </s>) eat the whitespace after them, <|endoftext|> does not
+         "phi3": ["<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|><|endoftext|>", "<|system|>Be brief.<|end|>",
+                  "a</s>\n b<|endoftext|> c"]}
+
+
+@pytest.mark.parametrize("name", list(SPM_FAMILIES))
+def test_sentencepiece_vocabulary_of_the_file_tokenizes_as_the_models_tokenizer(tmp_path, name):
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    from runtime.generate import load_tokenizer
+
+    ref = REFERENCE / f"{name}.llamacpp.f16.gguf"
+    hf = AutoTokenizer.from_pretrained(str(build_source(name, tmp_path / name)))
+    tok = load_tokenizer(ref)
+    llama = None
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from llama_cpp import Llama
+
+        llama = Llama(str(ref), vocab_only=True, verbose=False)
+    for text in TEXTS + CHATS[name]:
+        ids = tok(text)["input_ids"]
+        assert ids == hf(text)["input_ids"], text
+        assert ids[0] == hf.bos_token_id and len(ids) > 1
+        if llama is not None:
+            assert ids == llama.tokenize(text.encode(), add_bos=True, special=True), text
+        assert tok.decode(ids) == hf.decode(ids)
+        plain = tok(text, add_special_tokens=False)["input_ids"]
+        if name == "gemma2" or text in TEXTS:  # Phi-3 writes a space after each chat token
+            assert tok.decode(plain) == text
+    for chat in CHATS[name]:  # the chat tokens stay whole: one id each
+        pieces = [t for t in hf.all_special_tokens if t in chat]
+        assert pieces and all(tok.convert_tokens_to_ids(t) in tok(chat)["input_ids"] for t in pieces)
