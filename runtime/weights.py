@@ -124,8 +124,8 @@ class KernelSpec:
     dense: Callable[[Matrix], np.ndarray]  # the float32 (n_out, n_in) values
     rows: Callable[[Matrix, np.ndarray], np.ndarray]  # float32 values of selected rows (embeddings)
     sparse: Callable[..., None] | None = None  # sparse_rows_* over Wᵀ (float element types only)
-    # Σ a[j]·row_j over neuron-major block rows (--sparse-down files), (W, a, active, y); None:
-    # the rows are decoded with ``rows`` first (exact, reads the same bytes, slower)
+    # Σ a[j]·row_j over neuron-major block rows (--sparse-down files), (W, a, active, y): every
+    # block type has one (K.SPARSE_BLOCK_ROWS); None: the rows are decoded with ``rows`` first
     sparse_blocks: Callable[..., None] | None = None
 
 
@@ -177,8 +177,9 @@ KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPP
     **{k: _blocks(k) for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
                                "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")},
 }
-KERNELS["Q8_0"] = replace(KERNELS["Q8_0"], sparse_blocks=lambda W, a, r, y: K.sparse_rows_q8_0(W, K.LUT_F16, a, r, y))
-KERNELS["Q4_0"] = replace(KERNELS["Q4_0"], sparse_blocks=lambda W, a, r, y: K.sparse_rows_q4_0(W, K.LUT_F16, a, r, y))
+# every block type sums neuron-major rows in place (K.sparse_rows_<type>: a float axpy per active row)
+KERNELS.update({k: replace(s, sparse_blocks=K.SPARSE_BLOCK_ROWS[k.lower()])
+                for k, s in KERNELS.items() if s.layout == "blocks"})
 SUPPORTED_TYPES = tuple(KERNELS)
 # stored as the file's block rows, decoded in the kernel
 BLOCK_TYPES = tuple(k for k, s in KERNELS.items() if s.layout == "blocks")
