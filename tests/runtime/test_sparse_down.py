@@ -20,6 +20,58 @@ from runtime.model import Model
 from tests.conftest import build_hf_model
 
 IDS = list(range(5, 29))
+EVERY_OUTTYPE = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k"]  # what the exporter writes
+
+
+@pytest.fixture(autouse=True)
+def no_row_decoding(monkeypatch):
+    """Every stored type sums its rows in a kernel (the float ones, and each block type's blocks
+    read in place): the gguf-py row-decoding fallback of NeuronRows is never taken here."""
+    from runtime.sparse_down import NeuronRows
+
+    def refuse(self, a, active):
+        raise AssertionError(f"{self.m.kind} rows decoded by gguf-py: no sparse kernel ran")
+
+    monkeypatch.setattr(NeuronRows, "_decode_rows_matvec", refuse)
+
+
+@pytest.fixture(scope="module")
+def gated_relu_file(tmp_path_factory):
+    """Factory: outtype -> a --sparse-down export of a gated-ReLU Llama (d_model 256, so the
+    neuron-major rows hold whole K-quant super-blocks), made once per type."""
+    root = tmp_path_factory.mktemp("gated")
+    src = build_hf_model("llama", root / "src", hidden_size=256, intermediate_size=512, vocab_size=2048,
+                         hidden_act="relu")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    made = {}
+
+    def make(outtype):
+        if outtype not in made:
+            out = root / f"g.{outtype}.gguf"
+            res = export_gguf(str(src), out, GGUFExportConfig(outtype, sparse_down=True))
+            assert not [f for f in res.fallbacks if "ffn_down" in f]
+            made[outtype] = out
+        return made[outtype]
+
+    return make
+
+
+def _decoded_down(path):
+    """A dense model of ``path`` whose neuron-major down projections hold gguf-py's decoding of
+    their rows as F32 (summed by the float kernel): the reference the block kernels are held to,
+    since dense and sparse on the file both run them."""
+    from runtime.sparse_down import NeuronRows
+    from runtime.weights import Matrix
+
+    model = Model(path)
+    for L in model.layers:
+        op = L.get("ffn_down.weight")
+        if isinstance(op, NeuronRows) and op.m.kind not in ("F32", "F16", "BF16"):
+            m = op.m
+            W = gguf.dequantize(np.asarray(m.data), gguf.GGMLQuantizationType[m.kind]).astype(np.float32)
+            op.m = Matrix(m.name, "F32", m.n_out, m.n_in, W.reshape(m.n_out, m.n_in))
+    return model
 
 
 def _sparse_vs_dense(path):
@@ -27,13 +79,15 @@ def _sparse_vs_dense(path):
     a = dense.forward(IDS, all_logits=True)
     b = sparse.forward(IDS, all_logits=True)
     assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(a).max())
+    ref = _decoded_down(path).forward(IDS, all_logits=True)
+    assert np.abs(a - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
     d_text, td = generate(Model(path), IDS, 10)
     s_text, ts = generate(Model(path, mode="sparse"), IDS, 10)
     assert s_text == d_text
     return td, ts, sparse
 
 
-@pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "f16", "f32"])
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "f16", "bf16", "f32"])
 def test_falcon_relu_sparse_down(tmp_path, outtype):
     """Non-gated FFN: up full, down rows of nonzero activations."""
     out = tmp_path / f"relu.{outtype}.gguf"
@@ -56,21 +110,38 @@ def test_falcon_relu_sparse_down(tmp_path, outtype):
     assert sparse.counter.per_tensor["blk.0.ffn_down.t"] == seen[0] * row  # exactly the rows touched
 
 
-@pytest.mark.parametrize("outtype", ["q4_k", "q6_k", "q2_k", "q8_0"])
-def test_gated_relu_sparse_down_k_quants(tmp_path, outtype):
+@pytest.mark.parametrize("outtype", EVERY_OUTTYPE)
+def test_gated_relu_sparse_down_every_outtype(gated_relu_file, outtype):
     """Gated FFN (ReLU on the gate): gate full, up rows of firing gates, down rows of nonzero
-    products; d_model 256 so the neuron-major rows hold whole K-quant super-blocks."""
-    src = build_hf_model("llama", tmp_path / "src", hidden_size=256, intermediate_size=512, vocab_size=2048,
-                         hidden_act="relu")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
-    out = tmp_path / f"g.{outtype}.gguf"
-    res = export_gguf(str(src), out, GGUFExportConfig(outtype, sparse_down=True))
-    assert not [f for f in res.fallbacks if "ffn_down" in f]
+    products, in every type the exporter writes, each summed by its kernel (no row decoding)."""
+    out = gated_relu_file(outtype)
     r = gguf.GGUFReader(str(out))
     assert next(t for t in r.tensors if t.name == "blk.0.ffn_down.t").tensor_type.name == outtype.upper()
     td, ts, _ = _sparse_vs_dense(out)
     assert ts.decode_bytes["weights"] < td.decode_bytes["weights"]
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_k", "q6_k", "q2_k"])
+def test_gated_relu_sparse_down_int8_arithmetic(gated_relu_file, arithmetic, outtype):
+    """The fast path: int8 arithmetic (the gathered gate/up rows as int8 dot products, the down rows
+    a float axpy either way) gives the same greedy text sparse as dense."""
+    arithmetic("int8")
+    out = gated_relu_file(outtype)
+    d_text, _ = generate(Model(out), IDS, 10)
+    s_text, _ = generate(Model(out, mode="sparse"), IDS, 10)
+    assert s_text == d_text == generate(_decoded_down(out), IDS, 10)[0]
+    # the logits only to int8's resolution: the down sums differ in float rounding (other rows in
+    # each thread's partial sum), which can move the next layer's activations across an int8 step
+    a = Model(out).forward(IDS, all_logits=True)
+    b = Model(out, mode="sparse").forward(IDS, all_logits=True)
+    assert np.abs(a - b).max() <= 3e-2 * max(1.0, np.abs(a).max())
+
+
+def test_every_block_type_sums_rows_in_a_kernel():
+    from runtime.weights import BLOCK_TYPES, KERNELS
+
+    assert all(KERNELS[k].sparse_blocks is not None for k in BLOCK_TYPES)
+    assert all(KERNELS[k].sparse is not None for k in ("F32", "F16", "BF16"))
 
 
 def test_standard_quantized_file_refuses_sparse_with_the_command(tmp_path):
@@ -80,10 +151,10 @@ def test_standard_quantized_file_refuses_sparse_with_the_command(tmp_path):
         Model(out, mode="sparse")
 
 
-@pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_k", "f16"])
+@pytest.mark.parametrize("outtype", EVERY_OUTTYPE)
 def test_neuron_rows_kernel_equals_gguf_dequantize(tmp_path, outtype):
-    """The sparse sum over neuron-major rows (numba kernel for Q8_0/Q4_0, row decoding for the
-    others, the float kernel for F16) against gguf-py's dequantized matrix."""
+    """The sparse sum over neuron-major rows (each block type's kernel, the float kernels for
+    F32/F16/BF16) against gguf-py's dequantized matrix."""
     from runtime.sparse_down import NeuronRows
     from runtime.weights import from_gguf_tensor
 
