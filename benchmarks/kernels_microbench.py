@@ -4,7 +4,9 @@ One GEMV per stored type (F32, F16, BF16 and every block type of runtime.kernels
 each read in place as the file's interleaved blocks) over ~0.5–1 GB of
 distinct matrices (5632 × 2048, the FFN shape of the runtime benchmark's model), plus the
 two sparse paths at 10 % of the rows: a gathered-row GEMV (the up projection of active
-neurons) and the row-contiguous sparse down projection. Reported as GB/s of stored bytes
+neurons) and the row-contiguous sparse down projection, over F32 rows and over every block
+type's neuron-major rows ("<type>_sparse_down_10pct": a --sparse-down file's ffn_down.t,
+K.sparse_block_rows, float axpy in either arithmetic). Reported as GB/s of stored bytes
 and G values/s, best of --reps, with the stream probe of benchmarks/runtime_vs_llamacpp.py
 measured in the same run (its ratio is the figure that travels between machines).
 
@@ -62,7 +64,7 @@ def main() -> None:
     keep = args.types.split(",") if args.types else None
     blocks = {}
     for k in K.BLOCK_TYPES:
-        if keep is not None and k not in keep and f"{k}_int8" not in keep:
+        if keep is not None and not any(c == k or c.startswith(f"{k}_") for c in keep):
             continue
         if k in kquants.TYPES:
             blocks[k] = np.ascontiguousarray(kquants.quantize(W, k)).reshape(N, -1)
@@ -86,6 +88,8 @@ def main() -> None:
            for k, b in blocks.items() if args.arithmetic != "float" and k in K.INT8_ALL},
         "f32_gather_10pct": ([W], lambda m, Y: K.mm_f32(m[0], x, tenth, Y), len(tenth) * D * 4),
         "f32_sparse_down_10pct": ([W], lambda m, Y: K.sparse_rows_f32(m[0], a, tenth, Y[0, :D]), len(tenth) * D * 4),
+        **{f"{k}_sparse_down_10pct": ([b], lambda m, Y, k=k: K.sparse_block_rows(k, m[0], a, tenth, Y[0, :D]),
+                                      len(tenth) * b.shape[1]) for k, b in blocks.items()},
     }
     if keep is not None:
         cases = {k: v for k, v in cases.items() if k in keep}
