@@ -1671,13 +1671,15 @@ def _sparse_lut_cols(Wt, lut, a, active, y):
 # (and minimum) folded with a_j once, one multiply-add into p; the next active row wn is
 # prefetched at the same offsets, so a row switch does not wait on memory. One parallel kernel
 # takes the type as a run-time ``kind`` (one predictable branch per row; closures over the
-# intrinsics would not cache). Measured on this project's 2-core Xeon: 9-18 G values/s a thread
-# (Q8_0 18, Q4_0 12, Q4_K 9.6), where the plain numba loops of Q8_0/Q4_0 before reached 2.4 / 0.7.
+# intrinsics would not cache). Measured on this project's 2-core Xeon, one thread, rows in cache:
+# 9-18 G values/s (Q8_0 18, Q4_0 12, Q4_K 9.6, Q6_K 9.4), where the plain numba loops of Q8_0/Q4_0
+# before reached 2.4 / 0.7; rows from DRAM, the prefetch of the next row gained 1.3-2.4x.
 #
 # The axpy stays float arithmetic (the scalar a[j] times the dequantized row, as PowerInfer does):
 # a sum of rows has no dot product for int8 activations to shorten. The gathered *up/gate* rows of
 # the sparse modes are dot products, and run the int8 dense kernels (mm_block_arith with ``rows``).
-SPARSE_B = BLOCK_TYPES  # q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl, then the K-quants
+SPARSE_B = BLOCK_TYPES  # the order of the ``kind`` branches and of the names below
+assert SPARSE_B == ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
 SPARSE_B_KIND = {fmt: i for i, fmt in enumerate(SPARSE_B)}  # the run-time ``kind`` of _sparse_block_rows
 SPARSE_B_VALUES = np.array([block_size(t) for t in SPARSE_B], np.int64)  # values per (super-)block
 
