@@ -22,8 +22,11 @@ def load_gguf_tokenizer(path: str | Path):
     """The transformers tokenizer of the GGUF at ``path``."""
     from transformers import AutoTokenizer
 
+    from aios.models.tensors import transformers_reads_gguf_fast
+
     path = Path(path)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with transformers_reads_gguf_fast():
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     _phi3_chat_tokens_rstrip(tok, path)
     return tok
 
@@ -34,10 +37,11 @@ def _field(reader, key: str):
 
 
 def _phi3_chat_tokens_rstrip(tok, path: Path) -> None:
-    import gguf
     from tokenizers import AddedToken
 
-    reader = gguf.GGUFReader(str(path))
+    from aios.models.tensors import gguf_reader
+
+    reader = gguf_reader(path)
     if (_field(reader, "general.architecture") != "phi3"
             or _field(reader, "tokenizer.ggml.model") != "llama"):
         return

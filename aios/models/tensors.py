@@ -8,8 +8,10 @@ one :class:`InvalidModelError` sentence naming the file.
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterator
 
@@ -211,7 +213,10 @@ _TORCH_DTYPE = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16"
                 "torch.int8": "I8", "torch.uint8": "U8", "torch.bool": "BOOL"}
 
 
-def _reader(gguf):
+_READER_CLASS = None
+
+
+def _reader_class():
     """gguf-py's reader, parsing metadata through a plain ndarray view of its memmap.
 
     Slicing an ``np.memmap`` runs ``__array_finalize__`` for every field part, and the reader
@@ -220,17 +225,50 @@ def _reader(gguf):
     ndarrays are the same bytes without that cost, so values and tensors are unchanged (still
     views of the file, nothing copied).
     """
+    global _READER_CLASS
+    if _READER_CLASS is None:
+        import gguf
 
-    class Reader(gguf.GGUFReader):
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None or plain.base is not self.data:
-                plain = self._plain = self.data.view(np.ndarray)
-            count = int(count)
-            arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
-            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+        class Reader(gguf.GGUFReader):
+            def _get(self, offset, dtype, count=1, override_order=None):
+                plain = self.__dict__.get("_plain")
+                if plain is None or plain.base is not self.data:
+                    plain = self._plain = self.data.view(np.ndarray)
+                count = int(count)
+                arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+                order = self.byte_order if override_order is None else override_order
+                return arr.view(arr.dtype.newbyteorder(order))
 
-    return Reader
+        _READER_CLASS = Reader
+    return _READER_CLASS
+
+
+@lru_cache(maxsize=2)
+def _cached_reader(path: str, stamp: tuple[int, int, int]):
+    return _reader_class()(path, "r")
+
+
+def gguf_reader(path: str | Path):
+    """The parsed GGUF at ``path``, shared by everything in this process that opens the same
+    unchanged file (a check opens it for facts, the tokenizer and the runtime: one parse, not
+    four). Keyed by inode, size and mtime, so a rewritten file is parsed again."""
+    st = os.stat(path)
+    return _cached_reader(str(Path(path).resolve()), (st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@contextmanager
+def transformers_reads_gguf_fast():
+    """Within the block, ``gguf.GGUFReader`` (which transformers' GGUF tokenizer and config
+    loaders import at call time) is :func:`gguf_reader`. A scoped patch of a third-party name:
+    transformers has no hook for its reader, and its own parse of a 65k vocabulary took 12 s."""
+    import gguf
+
+    original = gguf.GGUFReader
+    gguf.GGUFReader = lambda path, mode="r": gguf_reader(path)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 class GGUFStore:
@@ -244,13 +282,11 @@ class GGUFStore:
             raise InvalidModelError(
                 f"{path} is not a GGUF file (its first bytes are not the GGUF magic)."
             )
-        import gguf
-
         from aios.models.gguf_bounds import check_gguf_bounds
 
         check_gguf_bounds(path)  # lengths and offsets fit the file before gguf-py trusts them
         try:
-            self.reader = _reader(gguf)(str(path), "r")
+            self.reader = gguf_reader(path)
         except Exception as e:  # the reader raises ValueError/IndexError/... on bad bytes
             raise InvalidModelError(
                 f"{path} is a truncated or corrupt GGUF file ({_short(e)}); re-export it."
