@@ -1,15 +1,39 @@
-"""aios-run on files llama.cpp's quantizer presets wrote: every tensor type they produce runs.
+"""aios-run on files llama.cpp's quantizer presets wrote: every tensor type they produce runs,
+the float path decodes them exactly and the int8 path is as accurate as llama.cpp (issue 16).
 
 Our f16 exports of the bundled tiny-llama and tiny-falcon, and of a random llama with
 d_model 256 (the fixtures' d_model 128 is no multiple of 256, so there llama.cpp falls back
-per tensor and writes few K-quants), go through ``llama_model_quantize`` with the presets
-people deploy. Per file:
+per tensor and writes few K-quants; tiny-llama's Q2_K and Q4_0, Q6_K and Q8_0, IQ4_NL and IQ4_XS
+come out byte-identical and are measured once), go through ``llama_model_quantize`` with the
+presets people deploy. Per file:
 
 - the types that appear are each listed in the runtime's kernel table, and together the
   files hold every block type of the table (a type no preset writes would be untested here);
-- ``Model`` logits equal those of the same model with each block-typed weight replaced by
-  gguf-py's dequantization of its bytes (multiplied by the F32 kernel) within 1e-4 of the
-  largest logit: the block kernels decode llama.cpp's blocks as gguf-py does;
+- float path: ``Model`` logits equal those of the same model with each block-typed weight
+  replaced by gguf-py's dequantization of its bytes (multiplied by the F32 kernel) within 1e-5
+  of the largest logit (fixtures: a 128-token held-out window; d256: 25 tokens). Measured worst
+  case 4.1e-7 (fixtures), 7.0e-7 (d256): float32 summation order only;
+- on the bundled fixtures, over the first HELDOUT_TOKENS (default 512) tokens of their held-out
+  split (``runtime.perplexity.heldout_ids``: 8 pydoc topics the fixtures never trained on),
+  windows of 128, a fresh context each:
+  - int8 path (Q8_0/Q8_K activations) against llama.cpp's logits on the same file: top-1
+    agreement ≥ 0.99 where a near-tie counts as agreeing (llama.cpp's own logit for our pick
+    within TIE = 0.5 % of its largest |logit| below its top-1), and ≥ 0.97 with no exception
+    at all (a floor under the exact float path's own agreement, 0.977 at worst). Why ties:
+    the two are not bit-identical (llama.cpp rounds the activation scale d to fp16, looks
+    GELU up in an fp16 table, computes RoPE angles and attention sums in another order), and
+    in a 6-layer model each 8-bit requantization amplifies a 1e-7 difference to its rounding
+    noise, so the logits part by a median ~0.6 % (max 2-3 %) of the largest one, just as
+    exact float logits part from llama.cpp's, and top-1 flips wherever llama.cpp's top-2 are
+    that close (18-32 of 512 positions are within 0.5 %; tiny-llama's first, after the EOS
+    whose embedding row is zero, has all logits 0 and both pick token 0). Measured at 512
+    positions: no exception 0.986-0.998 (float path 0.977-0.994), near-ties counted
+    0.998-1.000; at 2048 (docs/benchmarks.md): 0.988-0.996 (tiny-falcon Q4_K_S 0.9878 and
+    Q4_K_M 0.9893 are 5 and 2 positions short of 0.99, at every differing position
+    llama.cpp's top-2 are within 0.85 %), near-ties counted ≥ 0.9976;
+  - held-out perplexity of the int8 path within 0.5 % of the float path's on the same file
+    (measured |Δ| ≤ 0.21 % at 512 tokens);
+  ``pytest -s`` prints the per-file table, ``AIOS_PRESET_TOKENS=2048`` measures more tokens;
 - on the bundled fixtures at Q4_K_M and Q8_0, greedy tokens equal llama.cpp's on the same
   file, up to a near-tie within llama.cpp's 8-bit activation rounding: its CPU kernels
   quantize the activations to 8-bit blocks before block dot products, which moves these
@@ -22,6 +46,8 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import hashlib
+import os
 import shutil
 
 import gguf
@@ -30,8 +56,10 @@ import pytest
 
 from aios.models.aliases import FIXTURES_DIR
 from convert.gguf import GGUFExportConfig, export_gguf
-from runtime.generate import generate
+from runtime import kernels
+from runtime.generate import generate, load_tokenizer
 from runtime.model import Model
+from runtime.perplexity import heldout_ids, perplexity
 from runtime.weights import BLOCK_TYPES, SUPPORTED_TYPES, Matrix
 from tests.conftest import build_hf_model
 from tests.runtime.quant_blocks import dequantized
@@ -42,8 +70,14 @@ llama_cpp = pytest.importorskip("llama_cpp")
 FIXTURE_PRESETS = ("Q2_K", "Q3_K_M", "Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q5_0", "Q5_1", "Q5_K_M", "Q6_K",
                    "Q8_0", "IQ4_NL", "IQ4_XS")
 D256_PRESETS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS")
+FIXTURES = ("tiny-llama", "tiny-falcon")
 IDS = list(range(5, 30))
 N_NEW = 16
+# held-out tokens (the fixtures' held-out split of pydoc_data.topics, never trained on), run in
+# windows of the fixtures' training length; AIOS_PRESET_TOKENS=2048 gives the docs table
+HELDOUT_TOKENS = int(os.environ.get("AIOS_PRESET_TOKENS", "512"))
+WINDOW = 128
+TIE = 0.005  # llama.cpp top-1 margin, as a fraction of its largest logit, below which it is a near-tie
 
 
 def quantize(src, dst, preset: str) -> None:
@@ -86,16 +120,128 @@ def test_presets_cover_every_block_type(files):
     assert set(BLOCK_TYPES) <= set(seen), set(BLOCK_TYPES) - set(seen)
 
 
-@pytest.mark.parametrize("key", [(m, p) for m in ("tiny-llama", "tiny-falcon") for p in FIXTURE_PRESETS]
-                         + [("d256", p) for p in D256_PRESETS], ids="-".join)
-def test_logits_equal_gguf_py_dequantization(files, key):
-    path = files[key]
-    ours = Model(path).forward(IDS, all_logits=True)
+class _Recorded:
+    """A Model whose chunk logits are kept, so ``perplexity`` (the held-out protocol itself)
+    also yields the logits it scored."""
+
+    def __init__(self, model):
+        self.model, self.counter, self.logits = model, model.counter, []
+
+    def reset(self):
+        self.model.reset()
+
+    def forward(self, ids, all_logits=False):
+        out = self.model.forward(ids, all_logits=all_logits)
+        self.logits.append(out)
+        return out
+
+
+def _ours(path, ids, arith: str):
+    """(logits (len(ids), vocab), held-out perplexity) of ``Model(path)`` in ``arith``, in
+    windows of WINDOW."""
+    before = kernels.arithmetic()
+    kernels.set_arithmetic(arith)
+    try:
+        rec = _Recorded(Model(path))
+        ppl = perplexity(rec, ids, window=WINDOW)["perplexity"]
+    finally:
+        kernels.set_arithmetic(before)
+    return np.concatenate(rec.logits), ppl
+
+
+def _llama_cpp_logits(path, ids) -> np.ndarray:
+    """llama.cpp's logits at every position, the same windows as ``perplexity`` (fresh context each)."""
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=WINDOW, n_batch=WINDOW, logits_all=True,
+                          verbose=False, n_threads=2, seed=0, type_k=0, type_v=0)
+    out = []
+    try:
+        for w0 in range(0, len(ids), WINDOW):
+            chunk = ids[w0 : w0 + WINDOW]
+            llm.reset()
+            llm.eval(chunk)
+            out.append(np.array(llm.scores[: len(chunk)], np.float32))
+    finally:
+        llm.close()
+    return np.concatenate(out)
+
+
+def _float_err(path, ids, ours=None) -> float:
+    """max |float-path logits of ``ids`` − gguf-py-dequantized twin's| / the twin's largest |logit|."""
+    ours = _ours(path, ids, "float")[0] if ours is None else ours
     ref_model = dequantized(Model(path))
     assert not any(isinstance(v, Matrix) and v.kind in BLOCK_TYPES for L in ref_model.layers for v in L.values())
-    ref = ref_model.forward(IDS, all_logits=True)
-    err = np.abs(ours - ref).max() / np.abs(ref).max()
-    assert err <= 1e-4, (key, err, dict(_types(path)))
+    ref = ref_model.forward(ids, all_logits=True)
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+def _measure(path, ids) -> dict:
+    lf, ppl_f = _ours(path, ids, "float")
+    l8, ppl_8 = _ours(path, ids, "int8")
+    lc = _llama_cpp_logits(path, ids)
+    scale = np.abs(lc).max(1)
+    best = lc.max(1)
+    pick = l8.argmax(1)
+    same = pick == lc.argmax(1)
+    # a near-tie: llama.cpp's own logit for our pick within TIE · its largest |logit| of its top-1
+    tie = lc[np.arange(len(lc)), pick] >= best - TIE * scale
+    margin = best - np.sort(lc, 1)[:, -2]
+    return {"err": _float_err(path, ids[:WINDOW], lf[:WINDOW]), "positions": len(lc),
+            "top1": float(same.mean()), "top1_ties": float((same | tie).mean()),
+            "top1_float": float((lf.argmax(1) == lc.argmax(1)).mean()),
+            "near_ties": int((margin < TIE * scale).sum()),  # llama.cpp's top-2 within TIE
+            "ppl_float": ppl_f, "ppl_int8": ppl_8, "ppl_rel": (ppl_8 - ppl_f) / ppl_f}
+
+
+@pytest.fixture(scope="module")
+def accuracy(files):
+    """{(fixture, preset): figures} on the first HELDOUT_TOKENS held-out tokens; measured once
+    per distinct file (a preset whose types all fall back writes the same bytes as another)."""
+    by_digest, rows = {}, {}
+    for model in FIXTURES:
+        ids = heldout_ids(load_tokenizer(files[model, "Q8_0"], FIXTURES_DIR / model), HELDOUT_TOKENS)
+        for preset in FIXTURE_PRESETS:
+            path = files[model, preset]
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            if digest not in by_digest:
+                by_digest[digest] = _measure(path, ids)
+            rows[model, preset] = by_digest[digest]
+    print(f"\nint8 path vs llama.cpp, {HELDOUT_TOKENS} held-out tokens per file "
+          f"(±ties: a llama.cpp near-tie within {TIE:.1%} of its largest |logit| counts as agreeing)")
+    print(f"{'file':20s} {'float err':>9s} {'top-1':>6s} {'±ties':>6s} {'float':>6s} {'ties':>4s} "
+          f"{'ppl float':>9s} {'ppl int8':>9s} {'Δppl':>7s}")
+    for (model, preset), r in rows.items():
+        print(f"{model + ' ' + preset:20s} {r['err']:9.1e} {r['top1']:6.4f} {r['top1_ties']:6.4f} "
+              f"{r['top1_float']:6.4f} {r['near_ties']:4d} {r['ppl_float']:9.4f} {r['ppl_int8']:9.4f} "
+              f"{r['ppl_rel']:+7.3%}")
+    return rows
+
+
+FIXTURE_KEYS = [(m, p) for m in FIXTURES for p in FIXTURE_PRESETS]
+
+
+@pytest.mark.parametrize("key", FIXTURE_KEYS, ids="-".join)
+def test_float_path_equals_gguf_py_dequantization(accuracy, key):
+    assert accuracy[key]["err"] <= 1e-5, (key, accuracy[key])
+
+
+@pytest.mark.parametrize("key", FIXTURE_KEYS, ids="-".join)
+def test_int8_top1_agrees_with_llama_cpp(accuracy, key):
+    r = accuracy[key]
+    assert r["positions"] == HELDOUT_TOKENS
+    assert r["top1_ties"] >= 0.99, (key, r)
+    assert r["top1"] >= 0.97, (key, r)
+
+
+@pytest.mark.parametrize("key", FIXTURE_KEYS, ids="-".join)
+def test_int8_perplexity_within_half_a_percent_of_float(accuracy, key):
+    assert abs(accuracy[key]["ppl_rel"]) <= 0.005, (key, accuracy[key])
+
+
+@pytest.mark.parametrize("preset", D256_PRESETS)
+def test_d256_logits_equal_gguf_py_dequantization(files, preset):
+    path = files["d256", preset]
+    err = _float_err(path, IDS)
+    assert err <= 1e-5, (preset, err, dict(_types(path)))
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-falcon"])
