@@ -1847,6 +1847,51 @@ def _sparse_block_rows(W, a, active, y, kind):  # W (d_ffn, nb · block bytes) u
     _sum_parts(part, y)
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _decode_block_rows(W, out, kind):  # W (n, nb · block bytes) uint8 -> out (n, nb · B) float32
+    n = W.shape[0]
+    nb = out.shape[1] // SPARSE_B_VALUES[kind]
+    one = np.float32(1.0)
+    for i in prange(n):
+        o = out[i]
+        for col in range(o.shape[0]):
+            o[col] = 0.0
+        w, wn = W[i], W[min(i + 1, n - 1)]
+        if kind == 0:
+            axpy_q8_0(o, w, wn, one, nb)
+        elif kind == 1:
+            axpy_q4_0(o, w, wn, one, nb)
+        elif kind == 2:
+            axpy_q4_1(o, w, wn, one, nb)
+        elif kind == 3:
+            axpy_q5_0(o, w, wn, one, nb)
+        elif kind == 4:
+            axpy_q5_1(o, w, wn, one, nb)
+        elif kind == 5:
+            axpy_iq4_nl(o, w, wn, one, nb)
+        elif kind == 6:
+            axpy_q2_k(o, w, wn, one, nb)
+        elif kind == 7:
+            axpy_q3_k(o, w, wn, one, nb)
+        elif kind == 8:
+            axpy_q4_k(o, w, wn, one, nb)
+        elif kind == 9:
+            axpy_q5_k(o, w, wn, one, nb)
+        elif kind == 10:
+            axpy_q6_k(o, w, wn, one, nb)
+        else:
+            axpy_iq4_xs(o, w, wn, one, nb)
+
+
+def decode_block_rows(fmt: str, W: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Every row of W (the file's blocks of type ``fmt``, our lower-case name) decoded into ``out``
+    (rows, values per row) float32: the sparse kernels' per-type decoders with coefficient 1, one
+    row per thread step. For readers of whole matrices (the checker's R3 streams every layer's
+    weights): gguf-py's numpy dequantizer decodes ~50 M values/s here, this ~20x that."""
+    _decode_block_rows(W, out, SPARSE_B_KIND[fmt])
+    return out
+
+
 def _sparse_rows_of(fmt):
     kind = SPARSE_B_KIND[fmt]
 

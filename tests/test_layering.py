@@ -22,6 +22,7 @@ ALLOWED = {
     ("convert.", "contract.spec"),  # the contract's published data: thresholds, R5 manifest format
     ("runtime.bench", "contract.check"),  # bench reports the checker's projection for the file it measures
     ("contract.checks.r1_sparsity", "runtime.measure"),  # R1 of a GGUF: executed by the runtime
+    ("contract.checks.r3_aliasing", "runtime.measure"),  # R3 of a GGUF: blocks decoded by the runtime's kernels
     ("contract.quality", "runtime."),  # the quality gate's perplexity of a GGUF: executed by the runtime
     ("convert.layout", "runtime.measure"),  # layout's access frequencies: the GGUF executed as stored
 }

@@ -20,10 +20,13 @@ def streamed_gram(read_rows: RowReader, names: Sequence[str], n_rows: int, n_col
     L = len(names)
     block = max(1, budget_elements // max(1, L * n_cols))
     G = np.zeros((L, L), np.float64)
+    X = np.empty((L, block * n_cols), np.float64)  # one buffer: rows land in it as float64 directly
     for r0 in range(0, n_rows, block):
         r1 = min(n_rows, r0 + block)
-        X = np.stack([read_rows(n, r0, r1).reshape(-1) for n in names]).astype(np.float64)  # (L, rows·cols)
-        G += X @ X.T
+        Xb = X[:, : (r1 - r0) * n_cols]
+        for i, n in enumerate(names):
+            Xb[i] = read_rows(n, r0, r1).reshape(-1)
+        G += Xb @ Xb.T
     return G
 
 

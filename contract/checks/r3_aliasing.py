@@ -41,6 +41,11 @@ def emergent_aliasing(handle: ModelHandle, ctx: CheckContext) -> dict:
     max_delta = ctx.spec(ID)["max_relative_delta_norm"]
     out: dict[str, dict] = {}
     types = [t for t in arch.shareable if handle.stored_name(arch.block(0, t))]
+    read = handle.tensor_rows
+    if handle.kind == "gguf":  # quantized blocks decoded by the runtime's kernels, not gguf-py's numpy
+        from runtime.measure import gguf_row_reader
+
+        read = gguf_row_reader(handle.path)
     for k, rel in enumerate(types):
         ctx.progress("R3: streaming weight matrices", k, len(types))
         names = [handle.stored_name(arch.block(i, rel)) for i in range(f.n_layers)]
@@ -48,7 +53,7 @@ def emergent_aliasing(handle: ModelHandle, ctx: CheckContext) -> dict:
             continue
         info = handle.store.inventory[names[0]]  # type: ignore[union-attr]
         rows, cols = info.shape[0], int(np.prod(info.shape[1:])) if len(info.shape) > 1 else 1
-        G = streamed_gram(handle.tensor_rows, names, rows, cols)  # (L, L)
+        G = streamed_gram(read, names, rows, cols)  # (L, L)
         cos = cosine_from_gram(G)
         rd = rel_delta_from_gram(G)
         full = [[round(float(x), 4) for x in row] for row in cos]  # (L, L), for the heatmap
