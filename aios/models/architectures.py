@@ -85,6 +85,10 @@ class Architecture:
     layout_rules: tuple[tuple[str, str], ...] = ()
     # architecture keys beyond the common ones (convert/gguf/metadata.py HPARAM_WRITERS)
     gguf_hparams: tuple[str, ...] = ()
+    # --- tokenizer -------------------------------------------------------------------------
+    # a SentencePiece vocabulary's control tokens strip the whitespace after them (Phi-3's
+    # tokenizer_config "rstrip"; in no GGUF key, llama.cpp restores it by architecture)
+    spm_control_tokens_rstrip: bool = False
     # --- aios-run --------------------------------------------------------------------------
     runtime: bool = False  # the forward pass executes this graph
 
@@ -294,6 +298,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         fused_qkv=True,
         rope="neox",
         sliding_window_key="sliding_window",  # llama.cpp runs phi3 without it; so does the export
+        spm_control_tokens_rstrip=True,
         export_model_types=("phi3",),
         gguf_hparams=("rope_dimension_count",),
         runtime=True,

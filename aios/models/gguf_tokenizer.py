@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PHI3_NO_RSTRIP = ("<unk>", "<s>", "<|endoftext|>")
+SENTENCEPIECE = "llama"  # tokenizer.ggml.model of a SentencePiece vocabulary (llama.cpp's name)
 CONTROL = 3  # gguf.TokenType.CONTROL
 
 
@@ -39,11 +40,13 @@ def _field(reader, key: str):
 def _phi3_chat_tokens_rstrip(tok, path: Path) -> None:
     from tokenizers import AddedToken
 
+    from aios.models.architectures import ARCHITECTURES
     from aios.models.tensors import gguf_reader
 
     reader = gguf_reader(path)
-    if (_field(reader, "general.architecture") != "phi3"
-            or _field(reader, "tokenizer.ggml.model") != "llama"):
+    name = _field(reader, "general.architecture")
+    rows = [a for a in ARCHITECTURES if a.gguf_arch.lower() == name]
+    if not any(a.spm_control_tokens_rstrip for a in rows) or _field(reader, "tokenizer.ggml.model") != SENTENCEPIECE:
         return
     tokens = _field(reader, "tokenizer.ggml.tokens")
     types = _field(reader, "tokenizer.ggml.token_type")
