@@ -44,3 +44,20 @@ def test_aliased_gguf_is_measured_on_its_real_weights(tmp_path):
     d = measure_ffn_activity_gguf(flat, texts, tok, max_tokens=48)
     assert a.tokens == d.tokens > 0 and a.mean_zero_fraction > 0.5
     assert np.abs(a.zero_fraction - d.zero_fraction).max() <= 0.01
+
+
+@pytest.mark.parametrize("outtype", ["q4_k", "q6_k", "q2_k", "q8_0", "q4_0", "f16"])
+def test_row_reader_decodes_as_gguf_py(exported, outtype):
+    """R3's row reader (the runtime's block decoders) = gguf-py's dequantization, for any row range
+    of every stored 2-D tensor; the K-quant exports also hold their Q4_0/Q8_0 fallbacks."""
+    from aios.models.tensors import GGUFStore
+    from runtime.measure import gguf_row_reader
+
+    path, _ = exported("tiny-falcon", outtype)
+    read, store = gguf_row_reader(path), GGUFStore(path)
+    for t in store.reader.tensors:
+        if len(t.shape) != 2:
+            continue
+        n = int(t.shape[1])
+        for a, b in ((0, n), (1, 7), (n - 3, n)):
+            np.testing.assert_array_equal(read(t.name, a, b), store.get_rows(t.name, a, b))
