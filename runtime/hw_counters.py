@@ -147,17 +147,64 @@ def parse_cachegrind_out(text: str, line_bytes: int = 64) -> CachegrindSample:
     return CachegrindSample(vals["DLmr"], vals.get("DLmw", 0), line_bytes, jit)
 
 
+_VALGRIND_CPU: tuple[str, str] | None = None
+
+
+def valgrind_cpu() -> tuple[str, str]:
+    """The CPU name and LLVM feature string a program sees under valgrind (its CPUID emulation:
+    no AVX-512 on this project's machines; "haswell" with AVX2 from valgrind 3.19 on an
+    AVX-512 host). Probed once per process (valgrind --tool=none, a few seconds)."""
+    global _VALGRIND_CPU
+    if _VALGRIND_CPU is None:
+        import sys
+
+        probe = ("import llvmlite.binding as b; print(b.get_host_cpu_name()); "
+                 "print(b.get_host_cpu_features().flatten())")
+        out = subprocess.run(["valgrind", "--tool=none", "-q", sys.executable, "-c", probe],
+                             capture_output=True, text=True, check=True).stdout.split()
+        _VALGRIND_CPU = (out[-2], out[-1])
+    return _VALGRIND_CPU
+
+
+def cachegrind_env() -> dict:
+    """The environment of every run of a cachegrind measurement, its native warm-up included.
+
+    numba keys its on-disk cache by CPU name and features, and valgrind's emulated CPU is not
+    the host's: without these variables the native warm-up fills entries valgrind never reads
+    and the first run under valgrind compiles every kernel it calls (one Q8_0 int8 run here was
+    still compiling after 24 minutes), so the two runs of the slope differ by a compilation, not
+    only by decoded tokens (a Q8_0 --sparse-down file measured so: 0.009 MB/token dense against
+    1.375 counted; 1.41 with the cache warm). With NUMBA_CPU_NAME/NUMBA_CPU_FEATURES set to valgrind's CPU,
+    the warm-up compiles exactly the code valgrind runs (e.g. the int8 kernels' AVX2 pmaddubsw
+    dot instead of the host's AVX-512 VNNI: same bytes read, other instructions)."""
+    import os
+
+    name, feats = valgrind_cpu()
+    return dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1",
+                NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=feats)
+
+
+def _cachegrind_cmd(cmd: list[str], out_file: Path, ll_bytes: int, ll_assoc: int, line: int) -> list[str]:
+    return ["valgrind", "--tool=cachegrind", "--cache-sim=yes", f"--LL={ll_bytes},{ll_assoc},{line}",
+            f"--cachegrind-out-file={out_file}", *cmd]
+
+
+def _check_no_compile(proc: subprocess.CompletedProcess, what: str) -> None:
+    # NUMBA_DEBUG_CACHE prints "[cache] index saved to ..." whenever a kernel is compiled
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+    if "index saved" in proc.stdout:
+        raise RuntimeError(f"{what}: numba compiled a kernel under valgrind (its cache was not warm for "
+                           "valgrind's CPU, e.g. runtime/kernels.py changed meanwhile); the LL misses of "
+                           "the compilation would enter the slope. Run again.")
+
+
 def cachegrind_run(cmd: list[str], out_file: Path, ll_bytes: int, ll_assoc: int = 16, line: int = 64) -> CachegrindSample:
     if not shutil.which("valgrind"):
         raise FileNotFoundError("valgrind is not installed (apt-get install valgrind)")
-    import os
-
-    env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    subprocess.run(
-        ["valgrind", "--tool=cachegrind", "--cache-sim=yes", f"--LL={ll_bytes},{ll_assoc},{line}",
-         f"--cachegrind-out-file={out_file}", *cmd],
-        capture_output=True, text=True, check=True, env=env,
-    )
+    proc = subprocess.run(_cachegrind_cmd(cmd, out_file, ll_bytes, ll_assoc, line), capture_output=True,
+                          text=True, env=dict(cachegrind_env(), NUMBA_DEBUG_CACHE="1"))
+    _check_no_compile(proc, " ".join(cmd))
     return parse_cachegrind_out(out_file.read_text(), line)
 
 
@@ -176,18 +223,38 @@ def default_ll_bytes() -> int:
 
 
 def cachegrind_mb_per_token(model: str, mode: str, n1: int, n2: int, ll_bytes: int, work: Path,
-                            prompt_tokens: int = 16, predictor: str | None = None) -> dict:
-    """Simulated DRAM traffic per decoded token: LL misses × line size, slope between n1 and n2."""
+                            prompt_tokens: int = 16, predictor: str | None = None,
+                            arithmetic: str | None = None) -> dict:
+    """Simulated DRAM traffic per decoded token: LL misses × line size, slope between n1 and n2.
+
+    ``arithmetic`` ("int8"/"float"; None: this process's, runtime.kernels.arithmetic(), so
+    ``aios-run bench --arithmetic`` reaches the traced runs) picks the block kernels' arithmetic.
+    The two runs go side by side (each is one process)."""
     import sys
 
+    from runtime.kernels import arithmetic as arithmetic_now
+
+    if not shutil.which("valgrind"):
+        raise FileNotFoundError("valgrind is not installed (apt-get install valgrind)")
+    env = cachegrind_env()
     extra = [str(predictor)] if predictor else []
-    # populate numba's on-disk cache natively first, so no run under valgrind compiles kernels
-    subprocess.run([sys.executable, "-m", "runtime.trace", model, mode, "1", "2", *extra], check=True,
-                   capture_output=True)
-    samples = {}
+    arithmetic = arithmetic or arithmetic_now()
+    arith = ["--arithmetic", arithmetic]
+    tag = f"{mode}-{arithmetic}"
+    # populate numba's on-disk cache natively for valgrind's CPU, so no run under valgrind compiles
+    subprocess.run([sys.executable, "-m", "runtime.trace", *arith, model, mode, str(n1), str(prompt_tokens), *extra],
+                   check=True, capture_output=True, env=env)
+    procs, files = {}, {}
     for n in (n1, n2):
-        cmd = [sys.executable, "-m", "runtime.trace", model, mode, str(n), str(prompt_tokens), *extra]
-        samples[n] = cachegrind_run(cmd, work / f"cg-{mode}-{n}.out", ll_bytes)
+        cmd = [sys.executable, "-m", "runtime.trace", *arith, model, mode, str(n), str(prompt_tokens), *extra]
+        files[n] = work / f"cg-{tag}-{n}.out"
+        procs[n] = subprocess.Popen(_cachegrind_cmd(cmd, files[n], ll_bytes, 16, 64), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=dict(env, NUMBA_DEBUG_CACHE="1"))
+    samples = {}
+    for n, p in procs.items():
+        out, err = p.communicate()
+        _check_no_compile(subprocess.CompletedProcess(p.args, p.returncode, out, err), f"{model} [{mode}] n={n}")
+        samples[n] = parse_cachegrind_out(files[n].read_text(), 64)
     per_token = (samples[n2].dram_bytes - samples[n1].dram_bytes) / (n2 - n1)
     jit = (samples[n2].jit_dram_bytes - samples[n1].jit_dram_bytes) / (n2 - n1)
     return {"mb_per_token": per_token / 1e6, "kernel_mb_per_token": jit / 1e6,
