@@ -165,6 +165,25 @@ def one_arch(arch: str, args) -> list[dict]:
     return rows
 
 
+def markdown(result: dict) -> str:
+    """The run as a Markdown table (one row per file), as docs/benchmarks.md shows it."""
+    lines = ["| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio (rounds) "
+             "| eff GB/s / stream | ours RSS / file | load s ours / llama.cpp |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} |||||||")
+            continue
+        rss = r.get("rss", {})
+        types = ", ".join(f"{k}×{v}" for k, v in r["types_2d"].items())
+        lines.append(
+            f"| {r['arch']} | {r['preset']} | {r['file_bytes'] / 2**20:.0f} | {types} | {r['tok_s']['aios_run']} "
+            f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** ({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
+            f"| {r['eff_gb_s']} / {r['stream_gb_s']} = {r['eff_over_stream']:.2f} "
+            f"| {rss.get('aios_run_over_file', '?')} | {rss.get('aios_run_load_s', '?')} / {rss.get('llama_cpp_load_s', '?')} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default=",".join(ARCHS))
@@ -175,7 +194,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="Threads for both runtimes (default: physical cores).")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the files in this folder (and reuse them).")
     ap.add_argument("-o", "--output", type=Path, default=None)
+    ap.add_argument("--table", type=Path, default=None, metavar="RESULTS.json",
+                    help="Print the Markdown table of an earlier run's -o file and exit.")
     args = ap.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return
     from runtime import kernels
 
     args.threads = kernels.set_threads(args.threads)
@@ -189,6 +213,7 @@ def main() -> None:
         rows += one_arch(arch, args)
     if args.output:
         args.output.write_text(json.dumps({**head, "rows": rows}, indent=2) + "\n")
+    print(markdown({**head, "rows": rows}))
 
 
 if __name__ == "__main__":
