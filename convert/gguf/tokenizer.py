@@ -93,8 +93,20 @@ def _token_type(i: int, added: dict[int, dict]) -> int:
     import gguf
 
     if i in added:
-        return gguf.TokenType.CONTROL if added[i].get("special") else gguf.TokenType.USER_DEFINED
+        control = added[i].get("special") or _looks_special(added[i]["content"])
+        return gguf.TokenType.CONTROL if control else gguf.TokenType.USER_DEFINED
     return gguf.TokenType.NORMAL
+
+
+def _looks_special(text: str) -> bool:
+    """An added token llama.cpp types CONTROL though its tokenizer says not special (Qwen2.5's
+    ``<|fim_prefix|>``...; Gemma's ``<mask>``): the test of ``does_token_look_special`` in
+    llama.cpp's ``convert_hf_to_gguf.py``. Written USER_DEFINED, llama.cpp's loader retypes the
+    ``<|...|>`` ones with a warning that the model is probably broken."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<\uff5c") and text.endswith("\uff5c>"))  # deepseek-coder's fullwidth bars
+            or (text.startswith("<unused") and text.endswith(">")))
 
 
 def _bpe_meta(by_id: dict[int, str], added: dict[int, dict], n: int, spec: dict) -> TokenizerMeta:
