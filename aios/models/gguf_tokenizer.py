@@ -8,6 +8,14 @@ is ``<|user|> ▁Hi``, not ``<|user|> ▁ \\n Hi``. llama.cpp restores it by nam
 every control token of a Phi-3 vocabulary but ``<unk>``, ``<s>`` and ``<|endoftext|>``, and
 ``</s>``); so do we, for a SentencePiece vocabulary of the phi3 architecture (Phi-3 and 3.5; Phi-4
 rides on phi3 with a byte-level vocabulary, whose special tokens strip nothing).
+
+A byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``) names its pre-tokenizer in
+``tokenizer.ggml.pre``; transformers sets the split regex of the names llama.cpp knows, but not
+the other property llama.cpp attaches to some names: ``ignore_merges`` (Llama 3's
+``tokenizer.json`` has it too): a pre-tokenized word that is itself a token is that one token,
+whatever its merges, applied in rank order, would make of it. Llama 3's vocabulary has words the
+merges split otherwise, so without it ``" the"``-like words tokenize differently from llama.cpp
+and the model's tokenizer. We set it for those names (``IGNORE_MERGES``).
 """
 
 from __future__ import annotations
@@ -17,18 +25,29 @@ from pathlib import Path
 PHI3_NO_RSTRIP = ("<unk>", "<s>", "<|endoftext|>")
 SENTENCEPIECE = "llama"  # tokenizer.ggml.model of a SentencePiece vocabulary (llama.cpp's name)
 CONTROL = 3  # gguf.TokenType.CONTROL
+BYTE_LEVEL = "gpt2"  # tokenizer.ggml.model of a byte-level BPE vocabulary (llama.cpp's name)
+# tokenizer.ggml.pre names for which llama.cpp's llama_vocab::impl::load (src/llama-vocab.cpp,
+# llama.cpp as vendored by llama-cpp-python 0.3.36) sets ignore_merges = true
+IGNORE_MERGES = frozenset({
+    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+    "jina-v5-nano", "minicpm5", "youtu", "glm4", "glm5", "tekken", "granite-embed-multi-97m"})
 
 
 def load_gguf_tokenizer(path: str | Path):
     """The transformers tokenizer of the GGUF at ``path``."""
     from transformers import AutoTokenizer
 
-    from aios.models.tensors import transformers_reads_gguf_fast
+    from aios.models.tensors import gguf_reader, transformers_reads_gguf_fast
 
     path = Path(path)
+    # parsed before gguf.GGUFReader is swapped for gguf_reader: the fast reader subclasses
+    # gguf.GGUFReader when first used, which must then still be the class (in a process that has
+    # opened no GGUF yet, subclassing the swapped-in function raised TypeError)
+    reader = gguf_reader(path)
     with transformers_reads_gguf_fast():
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     _phi3_chat_tokens_rstrip(tok, path)
+    _ignore_merges(tok, reader)
     return tok
 
 
@@ -55,3 +74,10 @@ def _phi3_chat_tokens_rstrip(tok, path: Path) -> None:
     if strip:
         added = [AddedToken(t, rstrip=True, normalized=False, special=True) for t in strip]
         tok.add_special_tokens({"additional_special_tokens": added}, replace_extra_special_tokens=False)
+
+
+def _ignore_merges(tok, reader) -> None:
+    """Words that are tokens stay whole, as llama.cpp keeps them for this pre-tokenizer name."""
+    if (_field(reader, "tokenizer.ggml.model") == BYTE_LEVEL
+            and _field(reader, "tokenizer.ggml.pre") in IGNORE_MERGES):
+        tok.backend_tokenizer.model.ignore_merges = True

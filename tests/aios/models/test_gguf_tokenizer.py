@@ -1,0 +1,216 @@
+"""Byte-level BPE vocabularies of Llama 3 and Qwen2 in a GGUF tokenize as the model's tokenizer and llama.cpp.
+
+A GGUF of these families stores ``tokenizer.ggml.model = "gpt2"`` and names its pre-tokenizer
+(``tokenizer.ggml.pre``: ``"llama-bpe"``, ``"qwen2"``); the regex itself is in no key: llama.cpp
+looks it up by that name (``llama-vocab.cpp``), and so must the tokenizer aios-run loads from the
+file (``aios.models.gguf_tokenizer``). Llama 3's regex splits digits in runs of up to three,
+Qwen2's one by one, so a file read with the wrong one (or GPT-2's default) tokenizes numbers,
+contractions and runs of whitespace differently from the model's own tokenizer.
+
+The tokenizers here are built offline in a second with ``tokenizers``, shaped as the released
+``tokenizer.json`` files are (Split with the family's exact regex then ByteLevel without its own
+regex, ByteLevel decoder; Llama 3: ``ignore_merges``, BOS added by a template; Qwen2: NFC
+normalizer, no BOS), trained on ``pydoc_data.topics``, with the family's special tokens after the
+trained vocabulary (Llama 3's ``<|begin_of_text|>`` ... ``<|eot_id|>``; Qwen2.5's ``<|endoftext|>``,
+``<|im_start|>``, ``<|im_end|>`` and its non-special ``<tool_call>`` / FIM tokens). Each is put
+on a tiny random model of its architecture and exported by ``aios-convert gguf``; the tokenizer
+loaded from the GGUF must give the ids of the HF folder's tokenizer and of llama.cpp on the same
+file (when llama-cpp-python is installed), and decode them back to the text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from aios.models.gguf_tokenizer import load_gguf_tokenizer
+from convert.gguf import GGUFExportConfig, export_gguf
+from tests.conftest import build_hf_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# The Split regexes of the released tokenizer.json files (Meta-Llama-3-8B, Qwen2-7B).
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+                  "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
+# Qwen2.5's added tokens: (content, special) in id order
+QWEN2_ADDED = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+               ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False),
+               ("<|fim_middle|>", False), ("<|fim_suffix|>", False)]
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+                   "'<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+QWEN2_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+                  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# family -> (tests.conftest model kind, llama.cpp pre-tokenizer name, trained vocabulary size)
+FAMILIES = {"llama3": ("llama", "llama-bpe", 1000), "qwen2": ("qwen2", "qwen2", 1000)}
+
+TEXTS = [
+    "Hello world",
+    "The list type supports slicing and item assignment.",
+    "don't 12345 x+=1; I'M SURE we'll see 3.14159 and 1000000 or 42nd",
+    "def add(a, b):\n    return a + b  # they've said it's fine\n",
+    "x  y   z\n\n\n  w \t\ttab\r\nend   ",
+    "  leading spaces and trailing newline\n",
+    "naïve café ☃ 日本語のテキスト 😀 Ωμέγα ١٢٣ 12😀34",
+    "'s 'S 'tis O'Neil's 'VE",
+    "Hello , world . Isn 't it ? the theme of the other",
+]
+CHATS = {
+    "llama3": ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there, don't 123!<|eot_id|>"
+               "<|start_header_id|>assistant<|end_header_id|>\n\n",
+               "a<|eot_id|> b<|end_of_text|>\n<|python_tag|>x=1<|eom_id|>"],
+    "qwen2": ["<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi 2024!<|im_end|>\n"
+              "<|im_start|>assistant\n",
+              "x<|endoftext|> <tool_call>\n{\"a\": 1}\n</tool_call><|fim_prefix|>def f():<|fim_suffix|>"],
+}
+
+
+def build_tokenizer(family: str, folder: Path, regex: str | None = None) -> None:
+    """A byte-level BPE tokenizer shaped as ``family``'s (regex: override its Split regex)."""
+    from pydoc_data.topics import topics
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    llama3 = family == "llama3"
+    tok = Tokenizer(models.BPE(ignore_merges=llama3))
+    if not llama3:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(regex or (LLAMA3_REGEX if llama3 else QWEN2_REGEX)), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    lines = [line for key in sorted(topics) for line in topics[key].splitlines() if line.strip()]
+    trainer = trainers.BpeTrainer(vocab_size=FAMILIES[family][2], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(lines, trainer)
+    if llama3:
+        tok = _merges_do_not_rebuild_the(tok)
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in LLAMA3_SPECIAL])
+        bos = LLAMA3_SPECIAL[0]
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                          special_tokens=[(bos, tok.token_to_id(bos))])])
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token="<|eot_id|>",
+                                     chat_template=LLAMA3_TEMPLATE, clean_up_tokenization_spaces=False)
+    else:
+        for content, special in QWEN2_ADDED:  # in id order, each special or not as in Qwen2.5
+            (tok.add_special_tokens if special else tok.add_tokens)(
+                [AddedToken(content, normalized=False, special=special)])
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                     additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                     chat_template=QWEN2_TEMPLATE, clean_up_tokenization_spaces=False)
+    hf.save_pretrained(str(folder))
+
+
+def _merges_do_not_rebuild_the(tok):
+    """``tok`` with its merge ``t h`` first: applied in rank order, the merges split " the" as
+    ``Ġ th e`` though ``Ġthe`` is a token. Llama 3's vocabulary (tiktoken ranks) has such words,
+    hence ``ignore_merges`` in its tokenizer.json and in llama.cpp for "llama-bpe": a word that is
+    a token is that token, whatever the merges would make of it."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    merges = spec["model"]["merges"]
+    merges.insert(0, merges.pop(merges.index(["t", "h"])))
+    spec["model"]["ignore_merges"] = False
+    assert len(Tokenizer.from_str(json.dumps(spec)).encode(" the").ids) == 3
+    spec["model"]["ignore_merges"] = True
+    tok = Tokenizer.from_str(json.dumps(spec))
+    assert len(tok.encode(" the").ids) == 1
+    return tok
+
+
+def build_gguf(family: str, folder: Path, regex: str | None = None) -> Path:
+    """A tiny random model of ``family`` with its tokenizer, exported by aios-convert gguf to f16."""
+    build_tokenizer(family, folder, regex)
+    n = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]) + 16
+    # Qwen2 pads its embedding past the tokenizer (151936 rows for 151665 tokens): the file's extra
+    # ids are [PAD..] tokens of type UNUSED. Llama 3's is exactly its tokenizer.
+    build_hf_model(FAMILIES[family][0], folder, vocab_size=n if family == "llama3" else n + 48)
+    # in a folder of its own: transformers would read a tokenizer.json next to it
+    out = folder.parent / f"{folder.name}.gguf" / f"{family}.f16.gguf"
+    out.parent.mkdir()
+    export_gguf(str(folder), out, GGUFExportConfig("f16"))
+    return out
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_gguf(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return request.param, folder, build_gguf(request.param, folder)
+
+
+def test_the_file_names_the_familys_pre_tokenizer_and_types_its_special_tokens_control(family_gguf):
+    from aios.models.tensors import gguf_reader
+
+    family, folder, path = family_gguf
+    reader = gguf_reader(path)
+    field = lambda key: reader.get_field(key).contents()  # noqa: E731
+    assert field("tokenizer.ggml.model") == "gpt2"
+    assert field("tokenizer.ggml.pre") == FAMILIES[family][1]
+    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    # CONTROL (3): the special tokens, and as llama.cpp's converter types them, the <|...|> ones
+    # Qwen2.5 calls not special (its FIM tokens); <tool_call> stays USER_DEFINED (4)
+    added = [(t, True) for t in LLAMA3_SPECIAL] if family == "llama3" else QWEN2_ADDED
+    assert [types[tokens.index(t)] for t, _ in added] == [3 if s or t.startswith("<|") else 4 for t, s in added]
+    if family == "llama3":
+        assert tokens[field("tokenizer.ggml.bos_token_id")] == "<|begin_of_text|>"
+        assert tokens[field("tokenizer.ggml.eos_token_id")] == "<|eot_id|>"
+    else:
+        assert reader.get_field("tokenizer.ggml.bos_token_id") is None or not field("tokenizer.ggml.add_bos_token")
+        assert tokens[field("tokenizer.ggml.eos_token_id")] == "<|im_end|>"
+
+
+def test_byte_level_vocabulary_of_the_file_tokenizes_as_the_models_tokenizer_and_llama_cpp(family_gguf):
+    from transformers import AutoTokenizer
+
+    family, folder, path = family_gguf
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    tok = load_gguf_tokenizer(path)
+    llama = None
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from llama_cpp import Llama
+
+        llama = Llama(str(path), vocab_only=True, verbose=False)
+    for text in TEXTS + CHATS[family]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == hf(text, add_special_tokens=False)["input_ids"], text
+        if llama is not None:
+            assert ids == llama.tokenize(text.encode(), add_bos=False, special=True), text
+            assert llama.detokenize(ids, special=True) == text.encode()
+        assert tok.decode(ids) == text
+        # with the special tokens the model adds: BOS for Llama 3, nothing for Qwen2
+        full = tok(text)["input_ids"]
+        assert full == hf(text)["input_ids"], text
+        assert full == ([hf.bos_token_id] if family == "llama3" else []) + ids
+    assert any(len(tok(t, add_special_tokens=False)["input_ids"]) < len(t.encode()) for t in TEXTS)  # merges used
+    for chat in CHATS[family]:  # the chat tokens stay whole: one id each
+        pieces = [t for t in hf.all_special_tokens if t in chat]
+        assert pieces and all(tok.convert_tokens_to_ids(t) in tok(chat)["input_ids"] for t in pieces)
+    messages = [{"role": "user", "content": "Hi 123"}, {"role": "assistant", "content": "don't"}]
+    assert tok.apply_chat_template(messages, tokenize=False) == hf.apply_chat_template(messages, tokenize=False)
+
+
+@pytest.mark.parametrize("family_gguf", ["llama3"], indirect=True)  # one process start (~4 s) is enough
+def test_a_process_that_has_opened_no_gguf_loads_the_tokenizer(family_gguf):
+    """load_gguf_tokenizer as the first GGUF read of a process (it raised TypeError there)."""
+    import subprocess
+    import sys
+
+    family, folder, path = family_gguf
+    code = ("import sys; from aios.models.gguf_tokenizer import load_gguf_tokenizer; "
+            "print(load_gguf_tokenizer(sys.argv[1])(sys.argv[2], add_special_tokens=False)['input_ids'])")
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", code, str(path), "don't 12345"], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() and json.loads(out.stdout) == load_gguf_tokenizer(path)(
+        "don't 12345", add_special_tokens=False)["input_ids"]
