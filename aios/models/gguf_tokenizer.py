@@ -40,9 +40,6 @@ def load_gguf_tokenizer(path: str | Path):
     from aios.models.tensors import gguf_reader, transformers_reads_gguf_fast
 
     path = Path(path)
-    # parsed before gguf.GGUFReader is swapped for gguf_reader: the fast reader subclasses
-    # gguf.GGUFReader when first used, which must then still be the class (in a process that has
-    # opened no GGUF yet, subclassing the swapped-in function raised TypeError)
     reader = gguf_reader(path)
     with transformers_reads_gguf_fast():
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

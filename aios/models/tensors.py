@@ -227,9 +227,10 @@ def _reader_class():
     """
     global _READER_CLASS
     if _READER_CLASS is None:
-        import gguf
+        # the defining module's class: gguf.GGUFReader may be swapped (transformers_reads_gguf_fast)
+        from gguf.gguf_reader import GGUFReader
 
-        class Reader(gguf.GGUFReader):
+        class Reader(GGUFReader):
             def _get(self, offset, dtype, count=1, override_order=None):
                 plain = self.__dict__.get("_plain")
                 if plain is None or plain.base is not self.data:
