@@ -29,6 +29,11 @@ _EMBED = re.compile(r"(word_embeddings|embed_tokens|wte|token_embd)\.weight$")
 _HEAD = re.compile(r"(^lm_head|^output)\.weight$")
 
 
+# ``aios-convert gguf --sparse-down`` stores a layer's down projection neuron-major under this name
+# (convert/gguf/plan.py); it is the ffn_down role, whose rows sparse execution skips
+NEURON_MAJOR_DOWN = "blk.{i}.ffn_down.t"
+
+
 def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
     """Bytes read per token by role: embedding_row, head, ffn_up, ffn_gate, ffn_down, core_shareable, other."""
     f, arch = handle.facts, handle.arch
@@ -45,9 +50,13 @@ def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
             for role, rel in ffn.items():
                 if rel:
                     n = handle.stored_name(arch.block(i, rel + ".weight"))
+                    if n is None and role == "ffn_down" and NEURON_MAJOR_DOWN.format(i=i) in inv:
+                        n = NEURON_MAJOR_DOWN.format(i=i)  # the same matrix, stored transposed
                     if n:
                         by_hf[n] = (role, inv[n].nbytes)
         core_stored = {handle.stored_name(n) for n in core_names} - {None}
+        if arch.ffn_down + ".weight" in arch.shareable:  # a neuron-major down shares as the standard one
+            core_stored |= {NEURON_MAJOR_DOWN.format(i=i) for i in f.core_zone} & inv.keys()
         embed = None
         for name, t in inv.items():
             if _EMBED.search(name):
