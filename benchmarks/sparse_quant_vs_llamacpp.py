@@ -203,16 +203,8 @@ def dense_weight_mb(path: Path) -> float:
 
 def projection(path: Path, context: int) -> dict:
     """What ``aios-contract check`` projects for ``path`` at ``context`` (as runtime.bench._projection
-    runs it: 32 calibration samples of 64 tokens), with its terms.
-
-    The checker finds each layer's down projection by its llama.cpp name (``blk.N.ffn_down.weight``);
-    a ``--sparse-down`` file stores it as ``blk.N.ffn_down.t``, which the checker then counts as
-    never skipped. So the same formula is also printed with those bytes counted as the down
-    projection (``*_down_t_as_down``: the checker's exact-zero fraction s skips s of them, times
-    1 − the aliasing ratio in the core zone, as the checker does for its own down bytes)."""
-    import gguf
-
-    from aios.models import resolve_model
+    runs it: 32 calibration samples of 64 tokens), with its terms. The checker counts a
+    ``--sparse-down`` file's ``blk.N.ffn_down.t`` as the down projection (contract/projection.py)."""
     from contract.check import check_model
 
     t0 = time.perf_counter()
@@ -223,37 +215,19 @@ def projection(path: Path, context: int) -> dict:
         m = next(r for r in rep.requirements if r.id == rid).metric(name)
         return float(m.value) if m is not None and m.value is not None else 0.0
 
-    s, alias = metric("R1", "mean_exact_zero_fraction"), metric("R3", "aliasing_ratio")
     terms = {t.term: [round(t.baseline_bytes / 1e6, 3), round(t.projected_bytes / 1e6, 3)] for t in p.terms}
     w_base = sum(t.baseline_bytes for t in p.terms if t.term.startswith("weights"))
     w_proj = sum(t.projected_bytes for t in p.terms if t.term.startswith("weights"))
-    h = resolve_model(str(path))
-    core = set(h.facts.core_zone)
-    missed = 0.0  # projected bytes the checker would have skipped had it seen ffn_down.t as the down projection
-    n_down_t = 0
-    for t in gguf.GGUFReader(str(path)).tensors:
-        if not t.name.endswith("ffn_down.t"):
-            continue
-        i = int(t.name.split(".")[1])
-        n_down_t += 1
-        if h.stored_name(h.arch.block(i, h.arch.ffn_down + ".weight")) is None:  # the checker's lookup
-            missed += s * int(t.n_bytes) * ((1 - alias) if i in core else 1.0)
-    base = p.baseline_mb_per_token * 1e6
-    proj_fixed = p.projected_mb_per_token * 1e6 - missed
     return {
         "evidence": "projected (aios-contract check; not a measurement)",
-        "context": context, "tier": rep.tier, "r1_exact_zero_fraction_checker": round(s, 4),
-        "r3_aliasing_ratio": round(alias, 4),
+        "context": context, "tier": rep.tier,
+        "r1_exact_zero_fraction_checker": round(metric("R1", "mean_exact_zero_fraction"), 4),
+        "r3_aliasing_ratio": round(metric("R3", "aliasing_ratio"), 4),
         "baseline_mb_per_token": p.baseline_mb_per_token, "projected_mb_per_token": p.projected_mb_per_token,
         "projected_reduction": p.projected_reduction,
         "projected_weight_reduction": round(1 - w_proj / w_base, 4) if w_base else None,
         "spec_projected_reduction": p.spec_projected_reduction,
         "terms_mb_baseline_projected": terms,
-        "ffn_down_t_tensors": n_down_t,
-        "ffn_down_t_mb_skippable_not_seen_by_checker": round(missed / 1e6, 3),
-        "projected_mb_per_token_down_t_as_down": round(proj_fixed / 1e6, 3),
-        "projected_reduction_down_t_as_down": round(1 - proj_fixed / base, 4) if base else None,
-        "projected_weight_reduction_down_t_as_down": round(1 - (w_proj - missed) / w_base, 4) if w_base else None,
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -377,8 +351,8 @@ def main() -> None:
                 pr = projection(f, context)
                 res["projection"] = pr
                 red = res["measured_reduction_sparse"]
-                for key, pk in (("", "projected_reduction"), ("_down_t_as_down", "projected_reduction_down_t_as_down")):
-                    res[f"measured_over_projected_sparse{key}"] = round(red / pr[pk], 3) if pr[pk] else None
+                pk = pr["projected_reduction"]
+                res["measured_over_projected_sparse"] = round(red / pk, 3) if pk else None
             res["seconds"] = round(time.perf_counter() - t0, 1)
         out["llamacpp_q4_k_m_dense_tok_s"] = round(lc_best, 3)
     finally:
