@@ -123,7 +123,7 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
               help="Exit 1 unless the model reaches this tier.")
 @click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
 @click.option("--context", "--ctx", "context", type=int, default=4096, show_default=True,
-              help="Context length for KV bytes and the projection.")
+              help="Context length for KV bytes and the projection (with --bench: the bench's, unless given).")
 @click.option("--format", "formats", default="json,md,junit", show_default=True,
               help="Report formats written to -o DIR: json, md, junit, html, sarif.")
 @click.option("--bench", "bench_file", type=click.Path(dir_okay=False), default=None,
@@ -153,6 +153,14 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
     fmts = _formats(formats, FORMATS, "report")
     _require_output_for_formats(out_dir)
     bench = load_bench(bench_file) if bench_file else None  # fail fast (exit 4) before measuring
+    if bench is not None and click.get_current_context().get_parameter_source("context") is \
+            click.core.ParameterSource.DEFAULT:
+        s = bench.get("settings", {})
+        ran = int(s.get("prompt_tokens", 0) or 0) + int(s.get("new_tokens", 0) or 0)
+        if ran > 0:  # projected and measured side by side at the same context (KV bytes grow with it)
+            context = ran
+            make_console(stderr=True).print(f"[dim]projecting at the bench's context, {ran} tokens "
+                                            "(--context sets another)[/]", soft_wrap=True)
     bar_console = make_console(stderr=True)  # a live bar only on a terminal (not in a CI log)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=bar_console, transient=True,

@@ -133,7 +133,13 @@ def test_check_cli_html_sarif_and_bench(lm, tmp_path, bench_result):
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert {p.name for p in out.iterdir()} == {"aios-report.html", "aios-report.sarif", "aios-report.md"}
-    assert "measured: tiny-falcon-relu.gguf" in (out / "aios-report.md").read_text()
+    md = (out / "aios-report.md").read_text()
+    assert "measured: tiny-falcon-relu.gguf" in md
+    # projected at the bench's context (64 prompt + 32 new tokens), side by side with its measurement
+    assert "context 96" in md and "context 4096" not in md and "KV bytes differ" not in md
+    assert "projecting at the bench's context, 96 tokens" in res.output
+    res = CliRunner().invoke(main, args[:-2] + ["--context", "4096", "-o", str(tmp_path / "r2")])
+    assert res.exit_code == 0 and "KV bytes differ" in (tmp_path / "r2" / "aios-report.md").read_text()
     bad = tmp_path / "not-bench.json"
     bad.write_text("[1, 2]")
     res = CliRunner().invoke(main, args[:-4] + ["--bench", str(bad), "-o", str(out)])
