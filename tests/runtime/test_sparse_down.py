@@ -78,9 +78,9 @@ def _sparse_vs_dense(path):
     dense, sparse = Model(path), Model(path, mode="sparse")
     a = dense.forward(IDS, all_logits=True)
     b = sparse.forward(IDS, all_logits=True)
-    assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(a).max())
+    assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())
     ref = _decoded_down(path).forward(IDS, all_logits=True)
-    assert np.abs(a - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    assert np.abs(a - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
     d_text, td = generate(Model(path), IDS, 10)
     s_text, ts = generate(Model(path, mode="sparse"), IDS, 10)
     assert s_text == d_text
