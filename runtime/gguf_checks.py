@@ -100,6 +100,8 @@ def _expected(hp, stored: bool = False) -> dict[str, tuple[int, ...]]:
         shapes.update({"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)})
     if not hp.graph.parallel_attn_default:
         shapes["ffn_norm.weight"] = (d,)
+    elif hp.graph.parallel_ffn_norm:
+        shapes.update({f"{hp.graph.parallel_ffn_norm}.weight": (d,), f"{hp.graph.parallel_ffn_norm}.bias": (d,)})
     if hp.graph.gated_ffn:
         shapes["ffn_gate.weight"] = (f, d)
     if stored and hp.graph.fused_gate_up:

@@ -386,7 +386,10 @@ class Model:
             attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i)
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
                 attn = self._norm(attn, L["post_attention_norm.weight"], None)
-            if g.parallel_attn_default:  # parallel attention and MLP on the same normed input
+            if g.parallel_attn_default:  # parallel attention and MLP on the same input x
+                if g.parallel_ffn_norm:  # the MLP's own norm of x (Falcon-40B's ln_mlp)
+                    n2 = g.parallel_ffn_norm
+                    h = self._norm(x, L[f"{n2}.weight"], L.get(f"{n2}.bias"))
                 ffn, nnz = self._ffn(L, h, i)
                 x = x + attn + ffn
             else:
@@ -398,7 +401,8 @@ class Model:
                 x = x + ffn
             # intermediate vectors of the block: residual/norm copies (one more with a separate
             # FFN norm), q/k/v, attention output, FFN activations (one more when gated)
-            vec = (hp.d_model * (3 if g.parallel_attn_default else 4) + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim
+            vec = (hp.d_model * (3 if g.parallel_attn_default and not g.parallel_ffn_norm else 4)
+                   + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim
                    + hp.n_heads * hp.head_dim + (3 if g.gated_ffn else 2) * hp.d_ffn)
             self.ffn_nnz += nnz
             layer_act = 2 * vec * F32 * T  # each intermediate vector written once, read once

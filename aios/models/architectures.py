@@ -64,6 +64,9 @@ class Architecture:
     fused_qkv: bool = False  # one attn_qkv matrix [q; k; v] in the GGUF
     qk_norm: bool = False  # RMSNorm on q and k per head (attn_q_norm / attn_k_norm)
     post_norms: bool = False  # extra norms after attention and FFN (Gemma 2/3)
+    # a parallel block whose MLP has its own input norm (Falcon-40B's ln_mlp): the GGUF tensor
+    # name (relative to blk.N.) of that norm; None: the MLP reads the attention norm's output
+    parallel_ffn_norm: str | None = None
     attn_softcap_key: str | None = None  # config key of attention logit soft-capping
     final_softcap_key: str | None = None  # config key of final logit soft-capping
     embed_scale: bool = False  # embeddings multiplied by sqrt(d_model)
@@ -96,7 +99,8 @@ class Architecture:
     def required_layer_tensors(self) -> tuple[str, ...]:
         """Per-layer operators the forward pass calls (GGUF names relative to ``blk.N.``)."""
         attn = ("attn_qkv.weight",) if self.fused_qkv else ("attn_q.weight", "attn_k.weight", "attn_v.weight")
-        ffn_norm = () if self.parallel_attn_default else ("ffn_norm.weight",)
+        ffn_norm = ((f"{self.parallel_ffn_norm}.weight",) if self.parallel_ffn_norm else ()) \
+            if self.parallel_attn_default else ("ffn_norm.weight",)
         qk_norm = ("attn_q_norm.weight", "attn_k_norm.weight") if self.qk_norm else ()
         post = ("post_attention_norm.weight", "post_ffw_norm.weight") if self.post_norms else ()
         gate = ("ffn_gate.weight",) if self.gated_ffn and not self.fused_gate_up else ()
@@ -184,7 +188,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_arch="FALCON",
         description="Falcon-40B style new decoder: grouped KV heads, two layer norms, parallel",
         parallel_attn_default=True,  # the new decoder is always parallel
+        parallel_ffn_norm="attn_norm_2",  # ln_mlp; attn_norm is ln_attn
         when={"new_decoder_architecture": True},
+        runtime=True,
         **_FALCON_COMMON,
     ),
     Architecture(

@@ -37,11 +37,14 @@ def test_f32_logits_match_transformers(exported, fixture):
     assert np.abs(step - ref).max() <= 1e-4
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "llama32", "gemma3", "gemma2", "phi3", "mistral"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "llama32", "gemma3", "gemma2", "phi3", "mistral",
+                                  "falcon-new-decoder"])
 def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     """Graph features read off the architecture row: Qwen2's q/k/v biases and NeoX RoPE,
     Qwen3's per-head q/k RMSNorm and explicit head_dim, Llama 3.1's RoPE frequency factors
-    (``rope_freqs``); the export and the forward pass match transformers' logits."""
+    (``rope_freqs``), Falcon-40B's grouped KV heads in a fused QKV and the MLP's own norm
+    (``attn_norm_2``) in a parallel block; the export and the forward pass match transformers'
+    logits."""
     import shutil
 
     from aios.models.aliases import FIXTURES_DIR
@@ -66,12 +69,63 @@ def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     assert {"qwen2": "blk.0.attn_q.bias", "qwen3": "blk.0.attn_k_norm.weight", "llama3": "rope_freqs.weight",
             "llama32": "rope_freqs.weight",
             "gemma3": "blk.0.post_ffw_norm.weight", "gemma2": "blk.0.post_attention_norm.weight",
-            "phi3": "blk.0.attn_qkv.weight", "mistral": "blk.0.ffn_gate.weight"}[kind] in names
+            "phi3": "blk.0.attn_qkv.weight", "mistral": "blk.0.ffn_gate.weight",
+            "falcon-new-decoder": "blk.0.attn_norm_2.weight"}[kind] in names
     out = m.forward(ids, all_logits=True)
     assert np.abs(out - ref).max() <= 1e-4
     m.reset()
     step = np.concatenate([m.forward([t]) for t in ids])
     assert np.abs(step - ref).max() <= 1e-4
+
+
+def _tiny_with_tokenizer(kind: str, folder, **overrides):
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+    from tests.conftest import build_hf_model
+
+    src = build_hf_model(kind, folder, vocab_size=2048, **overrides)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    return src
+
+
+@pytest.mark.parametrize("kind", ["falcon-new-decoder"])
+def test_greedy_text_equals_transformers_and_llama_cpp(tmp_path, kind):
+    """Greedy decoding: the same tokens as transformers (our f32 export) and as llama.cpp on our
+    f16 export (both compute in floats there)."""
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from tests.runtime.test_llama_cpp_files import llama_cpp_greedy
+
+    src = _tiny_with_tokenizer(kind, tmp_path / "src")
+    f32, f16 = tmp_path / "m.f32.gguf", tmp_path / "m.f16.gguf"
+    export_gguf(str(src), f32, GGUFExportConfig("f32"))
+    export_gguf(str(src), f16, GGUFExportConfig("f16"))
+    ids = list(range(5, 30))
+    n = 16
+    with torch.no_grad():
+        ref = resolve_model(str(src)).load_torch().generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
+                                                            do_sample=False)[0, len(ids):].tolist()
+    ours, _ = generate(Model(f32), ids, n)
+    assert ours == ref
+    assert generate(Model(f16), ids, n)[0] == llama_cpp_greedy(f16, ids, n)
+
+
+@pytest.mark.parametrize("kind", ["falcon-new-decoder"])
+def test_relu_row_sparse_decodes_as_dense(tmp_path, kind):
+    """A ReLU variant of a non-gated row: exact sparse mode gives dense's logits and text."""
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    src = _tiny_with_tokenizer(kind, tmp_path / "src", activation="relu")
+    path = tmp_path / "relu.gguf"
+    export_gguf(str(src), path, GGUFExportConfig("f32"))
+    ids = list(range(5, 30))
+    dense, sparse = Model(path), Model(path, mode="sparse")
+    assert dense.hp.activation == "relu" and "ffn_gate.weight" not in sparse.layers[0]
+    d, s = dense.forward(ids, all_logits=True), sparse.forward(ids, all_logits=True)
+    assert np.abs(s - d).max() <= 1e-5 * np.abs(d).max()
+    assert sparse.ffn_nnz < sparse.hp.n_layers * sparse.hp.d_ffn * len(ids)  # zeros were skipped
+    assert generate(sparse, ids, 16)[0] == generate(dense, ids, 16)[0]
 
 
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0", "q4_0"])
