@@ -50,16 +50,19 @@ def fit(model_path: str | Path, cfg: PredictorConfig = PredictorConfig(), texts:
     for i, L in enumerate(model.layers):
         if progress:
             progress(i, hp.n_layers)
-        W = (L["ffn_gate.weight"] if "ffn_gate.weight" in L else L["ffn_up.weight"]).dense()
+        pre = "ffn_gate" if "ffn_gate.weight" in L else "ffn_up"
+        W = L[f"{pre}.weight"].dense()
+        # a pre-activation bias (GPT-2's c_fc) shifts each neuron's firing threshold: W·h + b > t  <=>  W·h > t - b
+        thr = threshold - L[f"{pre}.bias"] if f"{pre}.bias" in L else threshold
         n = len(H[i])
         if n < 16:
             raise UsageError(f"Only {n} calibration tokens reached layer {i}; give more calibration text.")
         perm = rng.permutation(n)
         n_eval = max(1, int(n * cfg.heldout_fraction))
         tr, ev = H[i][perm[n_eval:]], H[i][perm[:n_eval]]
-        p = fit_layer(W, tr, threshold, cfg)
+        p = fit_layer(W, tr, thr, cfg)
         layers.append(p)
-        evals.append(evaluate(p, W, ev, threshold))
+        evals.append(evaluate(p, W, ev, thr))
     fired = sum(e["fired"] for e in evals)
     info = {
         "format": PREDICTOR_FORMAT,

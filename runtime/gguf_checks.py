@@ -88,7 +88,7 @@ def _expected(hp, stored: bool = False) -> dict[str, tuple[int, ...]]:
     q, kv = hp.n_heads * hd, hp.n_kv * hd
     shapes = {"attn_norm.weight": (d,), "attn_norm.bias": (d,), "attn_output.weight": (d, q),
               "ffn_up.weight": (f, d), "ffn_down.weight": (d, f), "ffn_active": (f,),
-              "ffn_up.bias": (f,), "ffn_down.bias": (d,), "attn_output.bias": (d,)}
+              "ffn_up.bias": (f,), "ffn_down.bias": (d,), "attn_output.bias": (d,), "ffn_norm.bias": (d,)}
     if hp.graph.fused_qkv:
         shapes.update({"attn_qkv.weight": (q + 2 * kv, d), "attn_qkv.bias": (q + 2 * kv,)})
     else:
@@ -121,9 +121,18 @@ def _numpy_shape(x) -> tuple[int, ...]:
 
 def check_tensors(tensors: dict, hp, path: Path) -> None:
     """Global tensors present with the right shapes; stored per-layer tensors match ``hp``."""
-    for name in ("token_embd.weight", "output_norm.weight"):
+    learned = hp.graph.rope is None  # learned absolute positions: one position_embd row per position
+    for name in ("token_embd.weight", "output_norm.weight") + (("position_embd.weight",) if learned else ()):
         if name not in tensors:
             raise InvalidModelError(f"{path} has no '{name}' tensor; it is not a complete {hp.arch} model.")
+    if learned:
+        s = _numpy_shape(tensors["position_embd.weight"])
+        if len(s) != 2 or s[1] != hp.d_model:
+            raise InvalidModelError(f"{path}: 'position_embd.weight' has shape {list(s)}; expected "
+                                    f"[positions, {hp.d_model}].")
+        if s[0] < hp.n_ctx:
+            raise UsageError(f"{path.name} has learned positions for {s[0]} tokens; a context of {hp.n_ctx} "
+                             f"needs more (pass --ctx {s[0]} or less).")
     want = {"output_norm.weight": (hp.d_model,), "output_norm.bias": (hp.d_model,),
             "rope_freqs.weight": (hp.rope_dims // 2,)}
     for name in ("token_embd.weight", "output.weight"):

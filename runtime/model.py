@@ -195,6 +195,8 @@ class Model:
         self.output = from_gguf_tensor(t["output.weight"]) if "output.weight" in t else self.tok_embd
         self.output_norm = vector(t["output_norm.weight"])
         self.output_norm_b = vector(t["output_norm.bias"]) if "output_norm.bias" in t else None
+        # learned absolute positions (GPT-2): one row per position, added to the token embeddings
+        self.pos_embd = from_gguf_tensor(t["position_embd.weight"]) if row.rope is None else None
         self.layers = [self._layer(t, i) for i in range(hp.n_layers)]
         self.counter = ByteCounter()
         self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
@@ -305,14 +307,16 @@ class Model:
             if self.measure_fnr and h.shape[0] == 1:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
         if "ffn_gate.weight" in L:
-            g = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows), hp.activation_threshold)
+            g = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
+                     hp.activation_threshold)
             if self.mode != "dense":
                 # gate first: a = act(gate)·up is exactly 0 wherever act(gate) is, so only the up
                 # rows with a nonzero gate in some token of the chunk are read (exact, not a guess)
                 rows = np.flatnonzero(g.any(0)).astype(np.int64)
-            a = g * self._mm(L["ffn_up.weight"], h, layer, rows)
+            a = g * self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias"))
         else:
-            a = _act(hp.activation, self._mm(L["ffn_up.weight"], h, layer, rows), hp.activation_threshold)
+            a = _act(hp.activation, self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")),
+                     hp.activation_threshold)
         a = a.astype(np.float32)
         if rows is not None:
             keep = np.zeros(hp.d_ffn, bool)
@@ -321,21 +325,28 @@ class Model:
         nnz = int(np.count_nonzero(a))
         if self.ffn_act_hook is not None:
             self.ffn_act_hook(layer, a)
+        down_b = L.get("ffn_down.bias")
         if self.mode == "dense":
-            return self._mm(L["ffn_down.weight"], a, layer), nnz
+            return self._mm(L["ffn_down.weight"], a, layer, bias=down_b), nnz
         Dt: TransposedMatrix = L["ffn_down.T"]
         out = np.empty((a.shape[0], hp.d_model), np.float32)
         for t in range(a.shape[0]):
             active = np.flatnonzero(a[t]).astype(np.int64)
             self.counter.add("weights", len(active) * Dt.row_bytes, layer, Dt.name)
             out[t] = Dt.sparse_matvec(a[t], active)
+        if down_b is not None:
+            self.counter.add("weights", down_b.nbytes, layer, "ffn_down.bias")
+            out += down_b
         return out, nnz
 
     def _score_prediction(self, L: dict, h: np.ndarray, rows: np.ndarray) -> None:
         """Count the predictor's false negatives on this input (outside the byte counter)."""
-        W = L["ffn_gate.weight"] if "ffn_gate.weight" in L else L["ffn_up.weight"]
+        pre = "ffn_gate" if "ffn_gate.weight" in L else "ffn_up"
         thr = float(self.hp.activation_threshold or 0.0) if self.hp.activation == "fatrelu" else 0.0
-        fired = W.matmul(h) > thr  # (T, d_ffn), computed outside the byte counter
+        z = L[f"{pre}.weight"].matmul(h)  # (T, d_ffn), computed outside the byte counter
+        if f"{pre}.bias" in L:
+            z += L[f"{pre}.bias"]
+        fired = z > thr
         guess = np.zeros(self.hp.d_ffn, bool)
         guess[rows] = True
         s = self.pred_stats
@@ -360,6 +371,9 @@ class Model:
         if hp.graph.embed_scale:  # Gemma: embeddings scaled by sqrt(d_model)
             x *= np.float32(math.sqrt(hp.d_model))
         self.counter.add("weights", T * self.tok_embd.row_bytes, None, self.tok_embd.name)
+        if self.pos_embd is not None:
+            x = x + self.pos_embd.rows_f32(positions)
+            self.counter.add("weights", T * self.pos_embd.row_bytes, None, self.pos_embd.name)
         act_bytes = 0
         self.ffn_nnz = 0
         for i, L in enumerate(self.layers):
@@ -380,10 +394,12 @@ class Model:
                 q = self._head_norm(q, L["attn_q_norm.weight"])
                 k = self._head_norm(k, L["attn_k_norm.weight"])
             local = hp.swa_layers[i]
-            q = self._rope(q, positions, local)
-            k = self._rope(k, positions, local)
+            if g.rope is not None:  # (learned positions were added to the embeddings)
+                q = self._rope(q, positions, local)
+                k = self._rope(k, positions, local)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
-            attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i)
+            attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i,
+                            bias=L.get("attn_output.bias"))
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
                 attn = self._norm(attn, L["post_attention_norm.weight"], None)
             if g.parallel_attn_default:  # parallel attention and MLP on the same input x
@@ -394,7 +410,7 @@ class Model:
                 x = x + attn + ffn
             else:
                 x = x + attn
-                h2 = self._norm(x, L["ffn_norm.weight"], None)
+                h2 = self._norm(x, L["ffn_norm.weight"], L.get("ffn_norm.bias"))
                 ffn, nnz = self._ffn(L, h2, i)
                 if g.post_norms:
                     ffn = self._norm(ffn, L["post_ffw_norm.weight"], None)

@@ -102,8 +102,10 @@ def _whitener(H: np.ndarray) -> np.ndarray:
     return np.eye(d)  # degenerate inputs: fall back to plain SVD of W
 
 
-def fit_layer(W: np.ndarray, H: np.ndarray, threshold: float, cfg: PredictorConfig) -> LayerPredictor:
-    """Fit one layer's predictor from its pre-activation weight W (d_ffn × d) and inputs H (n × d)."""
+def fit_layer(W: np.ndarray, H: np.ndarray, threshold: float | np.ndarray,
+              cfg: PredictorConfig) -> LayerPredictor:
+    """Fit one layer's predictor from its pre-activation weight W (d_ffn × d) and inputs H (n × d); a
+    neuron fires above ``threshold`` (one number, or one per neuron: t - bias)."""
     from sklearn.utils.extmath import randomized_svd
 
     W64, H64 = W.astype(np.float64), H.astype(np.float64)
@@ -123,7 +125,7 @@ def fit_layer(W: np.ndarray, H: np.ndarray, threshold: float, cfg: PredictorConf
     return LayerPredictor(A.astype(np.float32), B.astype(np.float32), tau.astype(np.float32))
 
 
-def evaluate(pred: LayerPredictor, W: np.ndarray, H: np.ndarray, threshold: float) -> dict:
+def evaluate(pred: LayerPredictor, W: np.ndarray, H: np.ndarray, threshold: float | np.ndarray) -> dict:
     fired = H @ W.T > threshold
     guess = pred.predict(H)
     n_fired = int(fired.sum())

@@ -60,7 +60,7 @@ class Architecture:
     norm: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm, optional bias)
     rope: str | None = "normal"  # RoPE pairing as llama.cpp runs it: "normal" = interleaved
     #   pairs (q/k rows permuted from HF's rotate-half order at export), "neox" = halves as
-    #   stored; None: learned absolute positions
+    #   stored; None: learned absolute positions (a position_embd table added to the embeddings)
     fused_qkv: bool = False  # one attn_qkv matrix [q; k; v] in the GGUF
     qk_norm: bool = False  # RMSNorm on q and k per head (attn_q_norm / attn_k_norm)
     post_norms: bool = False  # extra norms after attention and FFN (Gemma 2/3)
@@ -335,6 +335,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         export_model_types=("gpt2",),
         layout_rules=tuple(("transpose", t) for t in ("attn.c_attn.weight", "attn.c_proj.weight",
                                                        "mlp.c_fc.weight", "mlp.c_proj.weight")),
+        runtime=True,
     ),
 )
 

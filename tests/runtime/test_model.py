@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from aios.errors import UnsupportedArchitectureError, UsageError
+from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models import resolve_model
 from runtime.generate import Sampling, generate, sample
 from runtime.model import Model
@@ -38,13 +38,13 @@ def test_f32_logits_match_transformers(exported, fixture):
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "llama32", "gemma3", "gemma2", "phi3", "mistral",
-                                  "falcon-new-decoder"])
+                                  "falcon-new-decoder", "gpt2"])
 def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     """Graph features read off the architecture row: Qwen2's q/k/v biases and NeoX RoPE,
     Qwen3's per-head q/k RMSNorm and explicit head_dim, Llama 3.1's RoPE frequency factors
     (``rope_freqs``), Falcon-40B's grouped KV heads in a fused QKV and the MLP's own norm
-    (``attn_norm_2``) in a parallel block; the export and the forward pass match transformers'
-    logits."""
+    (``attn_norm_2``) in a parallel block, GPT-2's learned positions (``position_embd``) and
+    biases on every linear and norm; the export and the forward pass match transformers' logits."""
     import shutil
 
     from aios.models.aliases import FIXTURES_DIR
@@ -70,7 +70,7 @@ def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
             "llama32": "rope_freqs.weight",
             "gemma3": "blk.0.post_ffw_norm.weight", "gemma2": "blk.0.post_attention_norm.weight",
             "phi3": "blk.0.attn_qkv.weight", "mistral": "blk.0.ffn_gate.weight",
-            "falcon-new-decoder": "blk.0.attn_norm_2.weight"}[kind] in names
+            "falcon-new-decoder": "blk.0.attn_norm_2.weight", "gpt2": "position_embd.weight"}[kind] in names
     out = m.forward(ids, all_logits=True)
     assert np.abs(out - ref).max() <= 1e-4
     m.reset()
@@ -90,7 +90,7 @@ def _tiny_with_tokenizer(kind: str, folder, **overrides):
     return src
 
 
-@pytest.mark.parametrize("kind", ["falcon-new-decoder"])
+@pytest.mark.parametrize("kind", ["falcon-new-decoder", "gpt2"])
 def test_greedy_text_equals_transformers_and_llama_cpp(tmp_path, kind):
     """Greedy decoding: the same tokens as transformers (our f32 export) and as llama.cpp on our
     f16 export (both compute in floats there)."""
@@ -111,12 +111,13 @@ def test_greedy_text_equals_transformers_and_llama_cpp(tmp_path, kind):
     assert generate(Model(f16), ids, n)[0] == llama_cpp_greedy(f16, ids, n)
 
 
-@pytest.mark.parametrize("kind", ["falcon-new-decoder"])
-def test_relu_row_sparse_decodes_as_dense(tmp_path, kind):
+@pytest.mark.parametrize("kind, relu", [("falcon-new-decoder", {"activation": "relu"}),
+                                        ("gpt2", {"activation_function": "relu"})])
+def test_relu_row_sparse_decodes_as_dense(tmp_path, kind, relu):
     """A ReLU variant of a non-gated row: exact sparse mode gives dense's logits and text."""
     from convert.gguf import GGUFExportConfig, export_gguf
 
-    src = _tiny_with_tokenizer(kind, tmp_path / "src", activation="relu")
+    src = _tiny_with_tokenizer(kind, tmp_path / "src", **relu)
     path = tmp_path / "relu.gguf"
     export_gguf(str(src), path, GGUFExportConfig("f32"))
     ids = list(range(5, 30))
@@ -218,12 +219,13 @@ def test_errors(exported, gguf_file, tmp_path):
         generate(m, list(range(1, 8)), 4)
     import gguf
 
-    p = tmp_path / "g.gguf"
-    w = gguf.GGUFWriter(str(p), "gpt2")
-    w.add_block_count(1)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
-    with pytest.raises(UnsupportedArchitectureError):
-        Model(p)
+    for arch, err in (("mpt", UnsupportedArchitectureError), ("gpt2", InvalidModelError)):  # gpt2 runs: incomplete
+        p = tmp_path / f"{arch}.gguf"
+        w = gguf.GGUFWriter(str(p), arch)
+        w.add_block_count(1)
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
+        with pytest.raises(err):
+            Model(p)
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
