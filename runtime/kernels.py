@@ -1808,6 +1808,34 @@ def _axpy_blocks(fmt):
  axpy_q2_k, axpy_q3_k, axpy_q4_k, axpy_q5_k, axpy_q6_k, axpy_iq4_xs) = (_axpy_blocks(t) for t in SPARSE_B)
 
 
+@njit(fastmath=True, cache=True, inline="always")
+def _axpy_kind(kind, p, w, wn, coef, nb):  # p += coef · row w (``kind``: SPARSE_B order), wn prefetched
+    if kind == 0:
+        axpy_q8_0(p, w, wn, coef, nb)
+    elif kind == 1:
+        axpy_q4_0(p, w, wn, coef, nb)
+    elif kind == 2:
+        axpy_q4_1(p, w, wn, coef, nb)
+    elif kind == 3:
+        axpy_q5_0(p, w, wn, coef, nb)
+    elif kind == 4:
+        axpy_q5_1(p, w, wn, coef, nb)
+    elif kind == 5:
+        axpy_iq4_nl(p, w, wn, coef, nb)
+    elif kind == 6:
+        axpy_q2_k(p, w, wn, coef, nb)
+    elif kind == 7:
+        axpy_q3_k(p, w, wn, coef, nb)
+    elif kind == 8:
+        axpy_q4_k(p, w, wn, coef, nb)
+    elif kind == 9:
+        axpy_q5_k(p, w, wn, coef, nb)
+    elif kind == 10:
+        axpy_q6_k(p, w, wn, coef, nb)
+    else:
+        axpy_iq4_xs(p, w, wn, coef, nb)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def _sparse_block_rows(W, a, active, y, kind):  # W (d_ffn, nb · block bytes) uint8; kind: SPARSE_B
     n, r = y.shape[0], active.shape[0]
@@ -1819,31 +1847,7 @@ def _sparse_block_rows(W, a, active, y, kind):  # W (d_ffn, nb · block bytes) u
         p = part[c]
         hi = min(r, (c + 1) * step)
         for jj in range(c * step, hi):
-            w, wn, aj = W[active[jj]], W[active[min(jj + 1, hi - 1)]], a[active[jj]]
-            if kind == 0:
-                axpy_q8_0(p, w, wn, aj, nb)
-            elif kind == 1:
-                axpy_q4_0(p, w, wn, aj, nb)
-            elif kind == 2:
-                axpy_q4_1(p, w, wn, aj, nb)
-            elif kind == 3:
-                axpy_q5_0(p, w, wn, aj, nb)
-            elif kind == 4:
-                axpy_q5_1(p, w, wn, aj, nb)
-            elif kind == 5:
-                axpy_iq4_nl(p, w, wn, aj, nb)
-            elif kind == 6:
-                axpy_q2_k(p, w, wn, aj, nb)
-            elif kind == 7:
-                axpy_q3_k(p, w, wn, aj, nb)
-            elif kind == 8:
-                axpy_q4_k(p, w, wn, aj, nb)
-            elif kind == 9:
-                axpy_q5_k(p, w, wn, aj, nb)
-            elif kind == 10:
-                axpy_q6_k(p, w, wn, aj, nb)
-            else:
-                axpy_iq4_xs(p, w, wn, aj, nb)
+            _axpy_kind(kind, p, W[active[jj]], W[active[min(jj + 1, hi - 1)]], a[active[jj]], nb)
     _sum_parts(part, y)
 
 
@@ -1856,31 +1860,7 @@ def _decode_block_rows(W, out, kind):  # W (n, nb · block bytes) uint8 -> out (
         o = out[i]
         for col in range(o.shape[0]):
             o[col] = 0.0
-        w, wn = W[i], W[min(i + 1, n - 1)]
-        if kind == 0:
-            axpy_q8_0(o, w, wn, one, nb)
-        elif kind == 1:
-            axpy_q4_0(o, w, wn, one, nb)
-        elif kind == 2:
-            axpy_q4_1(o, w, wn, one, nb)
-        elif kind == 3:
-            axpy_q5_0(o, w, wn, one, nb)
-        elif kind == 4:
-            axpy_q5_1(o, w, wn, one, nb)
-        elif kind == 5:
-            axpy_iq4_nl(o, w, wn, one, nb)
-        elif kind == 6:
-            axpy_q2_k(o, w, wn, one, nb)
-        elif kind == 7:
-            axpy_q3_k(o, w, wn, one, nb)
-        elif kind == 8:
-            axpy_q4_k(o, w, wn, one, nb)
-        elif kind == 9:
-            axpy_q5_k(o, w, wn, one, nb)
-        elif kind == 10:
-            axpy_q6_k(o, w, wn, one, nb)
-        else:
-            axpy_iq4_xs(o, w, wn, one, nb)
+        _axpy_kind(kind, o, W[i], W[min(i + 1, n - 1)], one, nb)
 
 
 def decode_block_rows(fmt: str, W: np.ndarray, out: np.ndarray) -> np.ndarray:
