@@ -9,6 +9,15 @@ while the byte counter still records every read of it: a decoder multiplies by t
 once per member layer. ``ByteCounter.distinct_weight_bytes`` gives the other view — each
 stored tensor's bytes once, split pro rata over the layers that read it — which is the DRAM
 traffic when the canonical stays cache-resident between layers.
+
+A file written with ``--sparse-down`` stores an aliased down projection neuron-major (names
+ending in ``.t``, see ``runtime.sparse_down``): the canonical ``blk.A.ffn_down.canonical.t``
+(d_ffn rows of d_model), dense/Q8_0 deltas ``blk.N.ffn_down.delta.t`` likewise, low-rank deltas
+as ``.delta.lr_u`` (d_model × R, as is) and ``.delta.lr_v.t`` (Vᵀ: d_ffn rows of R). Such a
+member becomes a :class:`runtime.sparse_down.NeuronMajorSum` under both ``ffn_down.weight``
+(dense: every row) and ``ffn_down.T`` (sparse modes: the canonical's and the delta's rows of the
+firing neurons, plus U). A standard-layout aliased down projection cannot be read row by
+neuron, so the sparse modes refuse it with the export command.
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aios.errors import InvalidModelError
+from aios.errors import InvalidModelError, UsageError
 from aios.models import alias_format as af
+from runtime.sparse_down import NEURON_MAJOR, FactoredRows, NeuronMajorSum, NeuronRows
 from runtime.weights import Matrix, from_gguf_tensor
 
 
@@ -94,8 +104,18 @@ def alias_hook(model, tensors: dict, i: int, L: dict) -> None:
             canon = model._alias_canonical.get(g.canonical)
             if canon is None:  # one Matrix object for the whole group
                 canon = model._alias_canonical[g.canonical] = from_gguf_tensor(tensors[g.canonical])
+            key = m.weight[len(prefix):]
+            if g.canonical.endswith(NEURON_MAJOR):  # --sparse-down: every tensor of the group neuron-major
+                op = _neuron_major(m, canon, g.canonical, tensors)
+                L[key] = L[key.removesuffix(".weight") + ".T"] = op
+                continue
+            if key == "ffn_down.weight" and model.mode != "dense":
+                raise UsageError(
+                    f"--mode {model.mode} reads single neurons' rows of ffn_down, but {model.path.name} stores "
+                    f"{m.weight} as canonical + delta in the standard layout; run --mode dense, or export the "
+                    "aliased folder with `aios-convert alias FOLDER --gguf OUT.gguf --sparse-down`.")
             delta = tuple(_matrix(tensors[n]) for n in m.tensors)
-            L[m.weight[len(prefix):]] = AliasedLinear(m.weight, canon, m.encoding, delta)
+            L[key] = AliasedLinear(m.weight, canon, m.encoding, delta)
     for name in af.stored_alias_names(groups):  # raw entries the generic loader made for this layer
         if name.startswith(prefix):
             key = name[len(prefix):]
@@ -107,3 +127,27 @@ def alias_hook(model, tensors: dict, i: int, L: dict) -> None:
 def _matrix(t) -> Matrix:
     """A factor may have a single row/column (rank 1), which the generic loader treats as a vector."""
     return from_gguf_tensor(t)
+
+
+def _neuron_major(m: af.Member, canon: Matrix, canon_name: str, tensors: dict) -> NeuronMajorSum:
+    """W_i = W_c + δ_i with every stored tensor neuron-major (``--sparse-down``): the canonical's
+    rows plus the delta's rows (dense/Q8_0) or U·(Vᵀ rows) (low-rank)."""
+    terms: list = [NeuronRows(canon, canon_name)]
+    names = m.tensors
+    if m.encoding == "lowrank":
+        u, vt = names
+        if not vt.endswith(NEURON_MAJOR):
+            raise InvalidModelError(f"alias record of {m.weight}: its canonical is neuron-major but its delta "
+                                    f"'{vt}' is not.")
+        terms.append(FactoredRows(m.weight, _matrix(tensors[u]), NeuronRows(_matrix(tensors[vt]), vt)))
+    elif names:
+        if not names[0].endswith(NEURON_MAJOR):
+            raise InvalidModelError(f"alias record of {m.weight}: its canonical is neuron-major but its delta "
+                                    f"'{names[0]}' is not.")
+        terms.append(NeuronRows(_matrix(tensors[names[0]]), names[0]))
+    op = NeuronMajorSum(m.weight, tuple(terms))
+    for t in terms[1:]:
+        if (t.n_out, t.n_in) != (op.n_out, op.n_in):
+            raise InvalidModelError(f"{m.weight}: the delta is {t.n_out}×{t.n_in}, the canonical "
+                                    f"{op.n_out}×{op.n_in}.")
+    return op

@@ -11,6 +11,13 @@ A layer hook (listed in ``runtime.extensions.LAYER_HOOKS``) finds ``blk.N.X.lr_u
   bytes by gguf-py's dequantizer (no numba kernel multiplies K-quant blocks that span rows).
 
 ``reads()`` lists exactly those bytes, so measured MB/token is what the operator touches.
+
+A file written with ``--sparse-down`` stores each FFN down projection's V and residual
+neuron-major: ``blk.N.ffn_down.lr_v.t`` (Vᵀ, d_ffn rows of r) and ``blk.N.ffn_down.residual.t``
+(Eᵀ, d_ffn rows of d_model, quantized along d_model), U as is (``.lr_u``, d_model × r). The hook
+makes it a :class:`runtime.sparse_down.NeuronMajorSum` (U·(V a) + E a) under ``ffn_down.weight``
+and ``ffn_down.T``, so the sparse modes read the firing neurons' rows of Vᵀ and Eᵀ, and U whole.
+A standard-layout low-rank down projection has no per-neuron rows: the sparse modes refuse it.
 Measuring a whole GGUF (perplexity, MB/token) runs the model: ``runtime.evaluate``.
 """
 
@@ -22,9 +29,11 @@ import numpy as np
 
 from aios import quant
 from aios.errors import InvalidModelError, UsageError
+from runtime.sparse_down import NEURON_MAJOR, FactoredRows, NeuronMajorSum, NeuronRows
 from runtime.weights import Matrix, from_gguf_tensor
 
 SUFFIXES = (".lr_u", ".lr_v", ".residual")
+NEURON_MAJOR_SUFFIXES = (".lr_v" + NEURON_MAJOR, ".residual" + NEURON_MAJOR)  # --sparse-down: Vᵀ, Eᵀ
 
 
 @dataclass
@@ -147,6 +156,9 @@ def lowrank_hook(model, tensors: dict, i: int, L: dict) -> None:
     bases = sorted(k[len(prefix):-len(".lr_u")] for k in tensors if k.startswith(prefix) and k.endswith(".lr_u"))
     for base in bases:
         full = prefix + base
+        if full + ".lr_v" not in tensors and full + ".lr_v" + NEURON_MAJOR in tensors:
+            _neuron_major_hook(model, tensors, L, base, full)
+            continue
         if full + ".lr_v" not in tensors:
             raise InvalidModelError(f"{model.path.name}: '{full}.lr_u' has no matching '{full}.lr_v'.")
         if full + ".weight" in tensors:
@@ -162,5 +174,28 @@ def lowrank_hook(model, tensors: dict, i: int, L: dict) -> None:
         if base == "ffn_down" and model.mode != "dense":
             raise UsageError(
                 f"--mode {model.mode} reads single rows of a plain ffn_down, but {model.path.name} stores it "
-                "as low-rank factors; run --mode dense (or convert with ffn_down kept plain)."
+                "as low-rank factors in the standard layout; run --mode dense, or convert with "
+                "`aios-convert svd-residual MODEL --sparse-down` (V and the residual stored neuron-major)."
             )
+
+
+def _neuron_major_hook(model, tensors: dict, L: dict, base: str, full: str) -> None:
+    """``X.lr_u`` (n_out × r) + ``X.lr_v.t`` (n_in rows of r) [+ ``X.residual.t`` (n_in rows of
+    n_out)] as one neuron-major operator, dense under ``X.weight`` and sparse under ``X.T``."""
+    if full + ".weight" in tensors or full + ".residual" in tensors:
+        raise InvalidModelError(f"{model.path.name} mixes a neuron-major '{full}.lr_v.t' with a standard-layout "
+                                f"'{full}.weight' or '{full}.residual'.")
+    tu, tv = tensors[full + ".lr_u"], tensors[full + ".lr_v" + NEURON_MAJOR]
+    r = int(tu.shape[0])
+    n_out = int(tu.shape[1]) if len(tu.shape) > 1 else 1
+    n_in = int(tv.shape[1]) if len(tv.shape) > 1 else 1
+    U, Vt = _matrix(tu, n_out, r), _matrix(tv, n_in, r)
+    terms: list = [FactoredRows(full + ".weight", U, NeuronRows(Vt, tv.name))]
+    tr = tensors.get(full + ".residual" + NEURON_MAJOR)
+    if tr is not None:
+        if len(tr.shape) < 2:
+            raise InvalidModelError(f"Neuron-major residual '{tr.name}' must be stored as rows (d_ffn × d_model).")
+        terms.append(NeuronRows(_matrix(tr, n_in, n_out), tr.name))
+    for s in (".lr_u",) + NEURON_MAJOR_SUFFIXES:
+        L.pop(base + s, None)
+    L[base + ".weight"] = L[base + ".T"] = NeuronMajorSum(full + ".weight", tuple(terms))

@@ -247,6 +247,10 @@ class Model:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the distinct stored matrices (a shared tensor counts once)."""
+            if not hasattr(L["ffn_down.weight"], "kind"):  # a composite operator (no stored type) has no rows to transpose
+                raise UsageError(f"--mode {self.mode} reads single neurons' rows of ffn_down, but {self.path.name} "
+                                 f"stores blk.{i}.ffn_down as a composite in the standard layout; run --mode dense, "
+                                 "or convert again with --sparse-down.")
         ops = [self.tok_embd, self.output] + [m for L in self.layers for m in L.values() if hasattr(m, "parts")]
         return sum({id(p): p.nbytes for op in ops for p in op.parts()}.values())
 
@@ -332,7 +336,8 @@ class Model:
         out = np.empty((a.shape[0], hp.d_model), np.float32)
         for t in range(a.shape[0]):
             active = np.flatnonzero(a[t]).astype(np.int64)
-            self.counter.add("weights", len(active) * Dt.row_bytes, layer, Dt.name)
+            for tensor, nbytes in Dt.sparse_reads(active):  # the stored rows touched, per tensor
+                self.counter.add("weights", nbytes, layer, tensor)
             out[t] = Dt.sparse_matvec(a[t], active)
         if down_b is not None:
             self.counter.add("weights", down_b.nbytes, layer, "ffn_down.bias")

@@ -7,6 +7,25 @@ standard layout quantizes along d_ffn, where a block of 32 or 256 neurons is rea
 of them is silent). The layer hook below gives the forward pass the same two operators as a float
 file: ``ffn_down.weight`` (dense: every row) and ``ffn_down.T`` (sparse: the rows of firing
 neurons), both over the stored rows; bytes counted are the rows' stored bytes.
+
+The other converters that write FFN weights store their down projections the same way with
+``--sparse-down`` (a ``.t`` suffix on every neuron-major tensor) and build their operators from
+the pieces below:
+
+* ``aios-convert alias --gguf --sparse-down``: an aliased down projection is the canonical's rows
+  (``blk.A.ffn_down.canonical.t``) plus the member's delta rows (``blk.N.ffn_down.delta.t``,
+  dense or Q8_0), or plus a low-rank delta U·V whose V is stored transposed
+  (``blk.N.ffn_down.delta.lr_v.t``, d_ffn rows of R) and U as is (``.delta.lr_u``, d_model × R):
+  :class:`NeuronMajorSum` of :class:`NeuronRows` and :class:`FactoredRows` (runtime/alias.py);
+* ``aios-convert svd-residual --sparse-down``: W = U·V + E with V and E stored transposed
+  (``blk.N.ffn_down.lr_v.t``, ``blk.N.ffn_down.residual.t``) and U as is (``.lr_u``):
+  :class:`NeuronMajorSum` of a :class:`FactoredRows` and the residual's :class:`NeuronRows`
+  (runtime/lowrank.py).
+
+Every neuron-major operator has ``sparse_matvec(a, active)`` and ``sparse_reads(active)``: the
+(tensor, bytes) the sparse sum reads — the stored rows of the active neurons of each ``.t``
+tensor, and the whole of an un-transposed U (d_model × R, needed for any nonzero V·a; nothing
+when no neuron fires). ``Model._ffn`` counts exactly those.
 """
 
 from __future__ import annotations
@@ -16,6 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.weights import KERNELS, Matrix
+
+NEURON_MAJOR = ".t"  # suffix of a tensor stored neuron-major (d_ffn rows), after the name it replaces
 
 
 @dataclass
@@ -68,11 +89,104 @@ class NeuronRows:
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
         return [(self.m.name, self.m.nbytes)]
 
+    def sparse_reads(self, active: np.ndarray) -> list[tuple[str, int]]:
+        """What ``sparse_matvec(a, active)`` reads: the stored rows of the active neurons."""
+        return [(self.m.name, len(active) * self.m.row_bytes)]
+
     def parts(self) -> list[Matrix]:
         return [self.m]
 
     def dense(self) -> np.ndarray:
         return self.m.dense().T.copy()
+
+
+@dataclass
+class FactoredRows:
+    """δ = U·V (n_out × n_in) with V stored neuron-major (``Vt``: n_in rows of R) and U as is
+    (n_out × R): ``sparse_matvec`` sums the active neurons' rows of Vt into z = V·a (R values),
+    then multiplies U·z, reading all of U once (R columns of every output) — unless no neuron is
+    active, when z = 0 and U is not read."""
+
+    name: str
+    U: Matrix  # (n_out, R)
+    Vt: NeuronRows  # as an operator: V (R × n_in)
+
+    @property
+    def n_out(self) -> int:
+        return self.U.n_out
+
+    @property
+    def n_in(self) -> int:
+        return self.Vt.n_in
+
+    def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
+        if len(active) == 0:
+            return np.zeros(self.n_out, np.float32)
+        z = self.Vt.sparse_matvec(a, active)  # (R,)
+        return self.U.matmul(z[None, :])[0]
+
+    def sparse_reads(self, active: np.ndarray) -> list[tuple[str, int]]:
+        if len(active) == 0:
+            return []
+        return self.Vt.sparse_reads(active) + self.U.reads(None)
+
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        assert rows is None, "the down projection is never computed for a subset of its outputs"
+        return self.U.matmul(self.Vt.matmul(X))
+
+    def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
+        return self.Vt.reads(None) + self.U.reads(None)
+
+    def parts(self) -> list[Matrix]:
+        return [self.U, *self.Vt.parts()]
+
+    def dense(self) -> np.ndarray:
+        return (self.U.dense().astype(np.float64) @ self.Vt.dense().astype(np.float64)).astype(np.float32)
+
+
+@dataclass
+class NeuronMajorSum:
+    """A down projection W = Σ terms, each neuron-major (:class:`NeuronRows`, :class:`FactoredRows`):
+    canonical + delta (alias), low-rank + residual (svd-residual). As a ``Linear`` it is W
+    (d_model × d_ffn); ``sparse_matvec`` reads each term's rows of the active neurons only."""
+
+    name: str  # the tensor it stands for, e.g. blk.3.ffn_down.weight
+    terms: tuple  # NeuronRows | FactoredRows, all n_out × n_in
+
+    @property
+    def n_out(self) -> int:
+        return self.terms[0].n_out
+
+    @property
+    def n_in(self) -> int:
+        return self.terms[0].n_in
+
+    def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
+        y = self.terms[0].sparse_matvec(a, active)
+        for t in self.terms[1:]:
+            y += t.sparse_matvec(a, active)
+        return y
+
+    def sparse_reads(self, active: np.ndarray) -> list[tuple[str, int]]:
+        return [r for t in self.terms for r in t.sparse_reads(active)]
+
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        Y = self.terms[0].matmul(X, rows)
+        for t in self.terms[1:]:
+            Y += t.matmul(X, rows)
+        return Y
+
+    def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
+        return [r for t in self.terms for r in t.reads(rows)]
+
+    def parts(self) -> list[Matrix]:
+        return [p for t in self.terms for p in t.parts()]
+
+    def dense(self) -> np.ndarray:
+        W = self.terms[0].dense().astype(np.float64)
+        for t in self.terms[1:]:
+            W += t.dense()
+        return W.astype(np.float32)
 
 
 def sparse_down_hook(model, tensors: dict, i: int, L: dict) -> None:

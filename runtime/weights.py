@@ -99,6 +99,10 @@ class TransposedMatrix:
         KERNELS[self.kind].sparse(self.data, a, active, y)
         return y
 
+    def sparse_reads(self, active: np.ndarray) -> list[tuple[str, int]]:
+        """(tensor, bytes) ``sparse_matvec(a, active)`` reads: the rows of the active inputs."""
+        return [(self.name, len(active) * self.row_bytes)]
+
 
 # --- the kernel registry ------------------------------------------------------------------------
 # What the runtime runs, one entry per GGUF tensor type: a type is supported exactly when it has
