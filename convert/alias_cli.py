@@ -13,6 +13,8 @@ def render_export(result: ExportResult, dealiased: bool) -> None:
     """One line per GGUF exported from an already aliased folder (``-o`` omitted)."""
     what = ("de-aliased standard GGUF; llama.cpp loads it" if dealiased
             else "aliased; runs in aios-run, not in llama.cpp")
+    if "aios.sparse_down.format" in result.metadata:
+        what = "aliased, FFN down projections neuron-major (--sparse-down); runs in aios-run, not in llama.cpp"
     make_console().print(f"wrote {result.output} ({what})")
 
 

@@ -8,6 +8,17 @@
 * **de-aliased** (``--dealias``): every ``W_i = W_c + δ_i`` materialized into a temporary
   standard HF folder, then exported by ``aios-convert gguf`` unchanged, so llama.cpp loads it.
 
+With ``sparse_down`` (``aios-convert alias ... --gguf OUT --sparse-down``) every FFN down
+projection is stored neuron-major (d_ffn rows of d_model, quantized along d_model) so aios-run's
+sparse modes read only the firing neurons' rows: an un-aliased one as ``blk.N.ffn_down.t``
+(``convert.gguf.plan.neuron_major_down``, as ``aios-convert gguf --sparse-down``), an aliased
+group's canonical as ``blk.A.ffn_down.canonical.t`` and its members' deltas as
+``blk.N.ffn_down.delta.t`` (dense, or Q8_0 quantized again along d_model: a second rounding of the
+folder's Q8_0 delta, not its blocks bit for bit) or, low-rank, ``blk.N.ffn_down.delta.lr_u``
+(d_model × R, as is: read whole) and ``blk.N.ffn_down.delta.lr_v.t`` (Vᵀ, d_ffn rows of R, typed
+by the fallback rules on rows of R values: read per firing neuron). The group records name these
+tensors; ``aios.sparse_down.*`` declares the layout.
+
 Layouts: llama.cpp's row permutations (Falcon QKV regroup, Llama q/k RoPE order) are applied
 to the canonical, dense and Q8_0 deltas, and to the row factor ``lr_u`` of low-rank deltas
 (``P(U V) = (P U) V``); ``lr_v`` is stored as is. A Q8_0 delta is dequantized and quantized
@@ -18,6 +29,7 @@ again on write, which reproduces its blocks bit for bit (a Q8_0 block's largest 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,21 +43,30 @@ from aios.models import alias_format as af
 from convert.gguf import (ExportPlan, ExportResult, GGUFExportConfig, PlannedTensor, aios_metadata,
                           check_exportable, check_outtype, export_gguf, gguf_name, gguf_name_map,
                           plan_tensor, plan_tensors, provenance, write_plan)
-from convert.gguf.tensors import EncodedTensor, apply_layout
+from convert.gguf.plan import SPARSE_DOWN, neuron_major_down
+from convert.gguf.tensors import EncodedTensor, apply_layout, choose_type, encoded_nbytes
 from convert.gguf.tokenizer import read_tokenizer
 
 
+NEURON_MAJOR_DOWN = re.compile(r"blk\.\d+\.ffn_down\.weight")  # the GGUF names --sparse-down transposes
+
+
 def export_alias_gguf(folder: str | Path | ModelHandle, output: str | Path, *, outtype: str = "f32",
-                      dealias: bool = False) -> ExportResult:
+                      dealias: bool = False, sparse_down: bool = False) -> ExportResult:
     handle = folder if isinstance(folder, ModelHandle) else resolve_model(str(folder))
     groups = af.groups_of(handle)
     if not groups:
         raise InvalidModelError(f"'{handle.spec}' has no alias groups; run aios-convert alias on it first.")
     check_outtype(outtype)
+    if sparse_down and dealias:
+        raise UsageError("--sparse-down applies to the aliased GGUF (--gguf); the de-aliased file (--dealias) is "
+                         "the standard layout for llama.cpp.")
     out = Path(output)
     if out.is_dir():
         raise UsageError(f"{out} is a folder; pass a file name such as {out / 'model.gguf'}.")
-    return _dealiased(handle, groups, out, outtype) if dealias else _aliased(handle, groups, out, outtype)
+    if dealias:
+        return _dealiased(handle, groups, out, outtype)
+    return _aliased(handle, groups, out, outtype, sparse_down)
 
 
 def _dealiased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str) -> ExportResult:
@@ -76,17 +97,24 @@ def _dealiased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str) -> ExportResult:
+def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str,
+             sparse_down: bool = False) -> ExportResult:
     if not handle.arch.runtime:
         raise UnsupportedArchitectureError(
             f"Aliased GGUF export supports falcon and llama-family models (what aios-run runs); "
             f"'{handle.arch.name}' can still be exported with --dealias.")
     check_exportable(handle)  # same acceptance rules as aios-convert gguf
+    if sparse_down and handle.arch.transposed_linear:  # as aios-convert gguf --sparse-down refuses it
+        raise UsageError(f"--sparse-down is not available for {handle.arch.name} (its Conv1D down projections "
+                         "are stored with a layout transpose); export the aliased GGUF without it.")
     # the standard tensors, planned exactly as aios-convert gguf plans them, plus the groups
     plan = ExportPlan(handle, outtype, plan_tensors(handle, outtype, exclude=af.stored_alias_names(groups)))
-    gguf_groups = [_plan_group(plan, g, outtype) for g in groups]
+    if sparse_down:
+        plan.tensors = neuron_major_down(handle, plan.tensors, outtype)
+    gguf_groups = [_plan_group(plan, g, outtype, sparse_down) for g in groups]
     plan.sort()
-    config = GGUFExportConfig(outtype)  # recorded as an aios-convert gguf export of the standard tensors
+    # recorded as an aios-convert gguf export of the standard tensors (sparse_down only when on)
+    config = GGUFExportConfig(outtype, sparse_down=sparse_down)
     result = ExportResult(None, config, handle.arch.gguf_arch.lower(), plan.tensors, {})
     result.metadata, warnings, _ = aios_metadata(handle, outtype, plan.fallbacks, provenance(handle, config))
     result.warnings += warnings
@@ -97,6 +125,9 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
     result.llama_cpp_loadable = False
     result.warnings.append("aliased GGUF: the members' weights are canonical + delta, which llama.cpp cannot run; "
                            "run it with aios-run, or export a standard file with --dealias")
+    if sparse_down:
+        result.metadata.update(sparse_down_metadata(handle.facts.n_layers))
+        result.warnings.append(SPARSE_DOWN_WARNING)
     plan.metadata = result.metadata
     plan.tokenizer = read_tokenizer(handle.path, handle.facts.vocab_size)  # type: ignore[arg-type]
     write_plan(plan, out)
@@ -104,39 +135,49 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
     return result
 
 
-def _plan_group(plan: ExportPlan, g: af.Group, outtype: str) -> af.Group:
+def _plan_group(plan: ExportPlan, g: af.Group, outtype: str, sparse_down: bool = False) -> af.Group:
     """Add group ``g``'s canonical (once) and its members' deltas to ``plan``; the group's
     record with GGUF names. Layout rules apply to the canonical, dense and Q8_0 deltas and
-    to ``lr_u``; ``lr_v`` is stored as is."""
+    to ``lr_u``; ``lr_v`` is stored as is. With ``sparse_down`` an FFN down group is stored
+    neuron-major: the canonical, dense/Q8_0 deltas and ``lr_v`` transposed, named ``<name>.t``."""
     handle = plan.handle
     tmap = gguf_name_map(handle)
     label = handle.arch.gguf_arch.lower()
     rule = handle.arch.layout_rule(g.type)
+    neuron_major = sparse_down and bool(NEURON_MAJOR_DOWN.fullmatch(gguf_name(tmap, g.members[0].weight, label)))
 
-    def add(hf: str, gname: str, rule: str | None, force: str | None = None, q8_scales: str | None = None):
+    def add(hf: str, gname: str, rule: str | None, force: str | None = None, q8_scales: str | None = None,
+            transposed: bool = False) -> str:
         p = plan_tensor(handle, gname, hf, outtype, rule=rule, force_type=force)
-        p.data = _delta_data(handle, p, q8_scales)
+        if transposed:  # neuron-major: the laid-out matrix transposed, typed by the rules on its new rows
+            shape = tuple(reversed(p.shape))
+            typ, why = choose_type(shape, force or outtype)
+            p = PlannedTensor(SPARSE_DOWN.format(base=gname), hf, shape, p.source_dtype, typ,
+                              encoded_nbytes(shape, typ), rule, why)
+        p.data = _delta_data(handle, p, q8_scales, transposed)
         plan.tensors.append(p)
+        return p.name
 
-    gcan = af.canonical_name(gguf_name(tmap, g.members[0].weight, label))
-    add(g.canonical, gcan, rule)
+    gcan = add(g.canonical, af.canonical_name(gguf_name(tmap, g.members[0].weight, label)), rule,
+               transposed=neuron_major)
     members = []
     for m in g.members:
         gw = gguf_name(tmap, m.weight, label)
         if m.encoding == "q8_0":  # quants + scales, dequantized and quantized again bit for bit
-            names: tuple[str, ...] = (f"{gw[: -len('.weight')]}.delta",)
-            add(m.tensors[0], names[0], rule, force="q8_0", q8_scales=m.tensors[1])
-        else:
-            names = af.delta_names(gw, m.encoding)
-            for hf, gn in zip(m.tensors, names):
-                add(hf, gn, None if gn.endswith(".lr_v") else rule)
+            names: tuple[str, ...] = (add(m.tensors[0], f"{gw[: -len('.weight')]}.delta", rule, force="q8_0",
+                                          q8_scales=m.tensors[1], transposed=neuron_major),)
+        else:  # U (lr_u) stays as is when neuron-major: U·z reads all of it anyway
+            names = tuple(add(hf, gn, None if gn.endswith(".lr_v") else rule,
+                              transposed=neuron_major and not gn.endswith(".lr_u"))
+                          for hf, gn in zip(m.tensors, af.delta_names(gw, m.encoding)))
         members.append(af.Member(m.layer, gw, m.encoding, names, m.rank))
     return af.Group(g.type, gcan, tuple(members), g.canonical_init)
 
 
-def _delta_data(handle: ModelHandle, p: PlannedTensor, q8_scales: str | None):
+def _delta_data(handle: ModelHandle, p: PlannedTensor, q8_scales: str | None, transposed: bool = False):
     """The writer's data callable for an alias tensor: read (and for Q8_0 deltas dequantize)
-    the stored tensor, apply the layout rule, encode to the planned type."""
+    the stored tensor, apply the layout rule (then transpose it, neuron-major), encode to the
+    planned type."""
     def data():
         get = af.tensor_getter(handle)
         if q8_scales is not None:
@@ -144,7 +185,7 @@ def _delta_data(handle: ModelHandle, p: PlannedTensor, q8_scales: str | None):
         else:
             arr = get(p.source)
         t = apply_layout(torch.from_numpy(np.ascontiguousarray(arr, np.float32)), p.rule, handle.facts)
-        rows = t.contiguous().numpy()
+        rows = (t.T if transposed else t).contiguous().numpy()
         assert rows.shape == p.shape, (p.name, rows.shape, p.shape)
         return EncodedTensor(lambda a, b: rows[a:b], p.shape, p.outtype, p.nbytes)
 
@@ -158,12 +199,29 @@ def _ratio_metadata(handle: ModelHandle, plan: ExportPlan, groups: list[af.Group
 
     def plain(layer: int, t: str) -> int | None:
         n = tmap.get_name(handle.arch.block(layer, t), try_suffixes=(".weight", ".bias"))
+        if n and n not in by_name:  # --sparse-down: the same matrix stored neuron-major
+            n = SPARSE_DOWN.format(base=n.removesuffix(".weight"))
         return by_name.get(n) if n else None
 
     ratio = af.aliasing_ratio(groups, by_name.__getitem__, plain, f.core_zone, f.n_layers, handle.arch.shareable)
     return {"aios.alias.core_aliasing_ratio": round(ratio.core_ratio, 6),
             "aios.alias.model_aliasing_ratio": round(ratio.model_ratio, 6),
             "aios.alias.core_zone": [f.core_zone.start, f.core_zone.stop - 1]}
+
+
+SPARSE_DOWN_FORMAT = ("FFN down projections stored neuron-major (row j = neuron j's output weights, quantized "
+                      "along d_model): un-aliased blk.N.ffn_down.t; aliased canonical <name>.canonical.t + delta "
+                      "<name>.delta.t (dense/Q8_0) or <name>.delta.lr_u (d_model x R, as is) + <name>.delta.lr_v.t "
+                      "(d_ffn x R); exact-sparse runs read only firing neurons' rows (and lr_u whole)")
+SPARSE_DOWN_WARNING = ("--sparse-down stores every FFN down projection neuron-major (blk.N.ffn_down.t, "
+                       "canonical.t, delta.t, delta.lr_v.t): the file is for aios-run (all modes); llama.cpp cannot "
+                       "load it, as it cannot load any aliased file")
+
+
+def sparse_down_metadata(n_layers: int) -> dict[str, object]:
+    """``aios.sparse_down.*`` keys of a neuron-major aliased export."""
+    return {"aios.sparse_down.format": SPARSE_DOWN_FORMAT, "aios.sparse_down.layers": n_layers,
+            "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight"}
 
 
 def alias_metadata(groups: list[af.Group], report: dict) -> dict[str, object]:

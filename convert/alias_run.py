@@ -21,9 +21,16 @@ if TYPE_CHECKING:
 ExportedFn = Callable[["ExportResult", bool], None]  # (written file, de-aliased?)
 
 
+def _check_sparse_down(sparse_down: bool, gguf) -> None:
+    if sparse_down and not gguf:
+        raise UsageError("--sparse-down stores the aliased GGUF's down projections neuron-major: pass --gguf OUT.gguf "
+                         "(the de-aliased --dealias file keeps the standard layout for llama.cpp).")
+
+
 def export_aliased(model: str, *, gguf: str | Path | None, dealias: str | Path | None,
-                   outtype: str, exported: ExportedFn | None = None) -> list[ExportResult]:
-    """GGUFs of an already aliased folder: aliased (``gguf``) and/or de-aliased (``dealias``).
+                   outtype: str, exported: ExportedFn | None = None, sparse_down: bool = False) -> list[ExportResult]:
+    """GGUFs of an already aliased folder: aliased (``gguf``, neuron-major down projections
+    with ``sparse_down``) and/or de-aliased (``dealias``).
 
     ``exported`` hears of each file as soon as it is written, before the next one starts.
     """
@@ -32,10 +39,12 @@ def export_aliased(model: str, *, gguf: str | Path | None, dealias: str | Path |
     if not (gguf or dealias):
         raise UsageError("Pass -o OUT to alias MODEL, or --gguf/--dealias to export an already "
                          "aliased MODEL.")
+    _check_sparse_down(sparse_down, gguf)
     results = []
     for path, flat in ((gguf, False), (dealias, True)):
         if path:
-            results.append(export_alias_gguf(model, path, outtype=outtype, dealias=flat))
+            results.append(export_alias_gguf(model, path, outtype=outtype, dealias=flat,
+                                             sparse_down=sparse_down and not flat))
             if exported:
                 exported(results[-1], flat)
     return results
@@ -51,18 +60,33 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
               progress: Callable[[str], None] | None = None,
               exported: ExportedFn | None = None, train_data: str | Path | None = None,
               micro_batch: int | None = None, device: str | None = None,
-              checkpoint_every: int | None = None, resume: bool = False) -> AliasResult | None:
+              checkpoint_every: int | None = None, resume: bool = False,
+              sparse_down: bool = False) -> AliasResult | None:
     """What ``aios-convert alias`` does with its options.
 
     ``out`` None: only export the already aliased ``model`` (:func:`export_aliased`; returns
     None). ``train``: trained aliasing (``zones`` default ``all``; the post-hoc options are
     refused). Otherwise post-hoc aliasing (``zones`` default ``core``; the training options
     are refused). ``None`` for a training option keeps its :class:`AliasTrainConfig` default.
-    A distributed ``train`` run returns None on every process but rank 0.
+    A distributed ``train`` run returns None on every process but rank 0. ``sparse_down``: the
+    ``gguf`` output stores its FFN down projections neuron-major (``convert.alias_gguf``).
     """
     if out is None:
-        export_aliased(model, gguf=gguf, dealias=dealias, outtype=outtype, exported=exported)
+        export_aliased(model, gguf=gguf, dealias=dealias, outtype=outtype, exported=exported,
+                       sparse_down=sparse_down)
         return None
+    _check_sparse_down(sparse_down, gguf)
+    if sparse_down:  # alias without the aliased GGUF, then export it neuron-major from the written folder
+        result = run_alias(model, out, zones=zones, delta=delta, canonical=canonical, types=types,
+                           min_cosine=min_cosine, budget_ppl=budget_ppl, train=train, steps=steps, lam=lam,
+                           lr=lr, delta_norm=delta_norm, gguf=None, dealias=dealias, outtype=outtype,
+                           progress=progress, exported=exported, train_data=train_data, micro_batch=micro_batch,
+                           device=device, checkpoint_every=checkpoint_every, resume=resume)
+        if result is not None:  # rank 0 (or a single process)
+            from convert.alias_gguf import export_alias_gguf
+
+            result.gguf = export_alias_gguf(result.output, gguf, outtype=outtype, sparse_down=True).output
+        return result
     if train:
         from convert.alias_train import AliasTrainConfig, train_alias
 

@@ -258,11 +258,15 @@ ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
 @click.option("--outtype", type=click.Choice(GGUF_OUTTYPES, case_sensitive=False), default="f32", show_default=True,
               help="Type of the GGUF outputs' 2-D weights.")
+@click.option("--sparse-down", is_flag=True,
+              help="Store the --gguf file's FFN down projections neuron-major (blk.N.ffn_down.t, canonical.t, "
+                   "delta.t, delta.lr_v.t) so aios-run's sparse modes skip non-firing neurons in any type; the "
+                   "file is for aios-run, not llama.cpp.")
 def alias_command(model: str, out: str | None, zones: str | None, delta: str, canonical: str, types: str | None,
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
                   lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str,
                   train_data: str | None, micro_batch: int | None, device: str | None,
-                  checkpoint_every: int | None, resume: bool) -> None:
+                  checkpoint_every: int | None, resume: bool, sparse_down: bool) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3).
 
     With --train it runs under `accelerate launch` / `torchrun` as DDP, like relufy.
@@ -280,7 +284,7 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
                        lam=lam, lr=lr, delta_norm=delta_norm, gguf=gguf, dealias=dealias,
                        outtype=outtype, progress=progress, exported=render_export,
                        train_data=train_data, micro_batch=micro_batch, device=device,
-                       checkpoint_every=checkpoint_every, resume=resume)
+                       checkpoint_every=checkpoint_every, resume=resume, sparse_down=sparse_down)
     if result is not None:
         render_alias(result)
 
@@ -322,6 +326,10 @@ def _parse_rank(value: str | None) -> int | str | None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the randomized SVD.")
 @click.option("--eval-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Held-out tokens per text set for the measured perplexity (0: skip running the file).")
+@click.option("--sparse-down", is_flag=True,
+              help="Store FFN down projections' lr_v and residual neuron-major (blk.N.ffn_down.lr_v.t, "
+                   ".residual.t) so aios-run's sparse modes skip non-firing neurons in any type; the file is "
+                   "for aios-run, not llama.cpp.")
 def svd_residual_command(model: str, output: str, rank: str | None, calibration: str | None, eval_tokens: int,
                          **options) -> None:
     """Factorize MODEL's block matrices as W ≈ U·V + Q(E) into a GGUF for aios-run."""

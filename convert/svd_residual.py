@@ -13,6 +13,20 @@ writes them. Per factorized matrix the file holds
 
 and no ``blk.N.X.weight``, so llama.cpp cannot load it (``aios.llama_cpp.loadable`` false).
 
+With ``--sparse-down`` (``SvdResidualConfig.sparse_down``) each FFN down projection
+(W: d_model × d_ffn) is stored neuron-major, so aios-run's sparse modes read only the firing
+neurons' rows:
+
+    blk.N.ffn_down.lr_u        (d_model × r)   as above (read whole: U·z needs every row)
+    blk.N.ffn_down.lr_v.t      (d_ffn × r)     Vᵀ, factor type along r (F16 when r does not fill its blocks)
+    blk.N.ffn_down.residual.t  (d_ffn × d_model) Eᵀ in rows quantized along d_model (layout
+                               "neuron-major"); a type whose blocks do not divide d_model falls
+                               back as a residual does (Q4_K/Q2_K -> Q4_0, Q6_K -> Q8_0, -> F16);
+                               no flat layout
+
+and ``aios.sparse_down.*`` declares it. The factors and E are the same SVD as without the
+option; E = W − deq(U)·deq(Vᵀ)ᵀ absorbs the rounding of the stored Vᵀ.
+
 Math (pure functions below): truncated SVD, either of W (``plain``) or of W·S with
 S = chol(XᵀX + εI) from calibration activations (``activation-aware``, SVD-LLM-style
 whitening, float64; ε grows tenfold while Cholesky fails), so the truncation minimises
@@ -25,6 +39,7 @@ residual fit ``--bpw`` bits per weight.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +77,9 @@ class SvdResidualConfig:
     max_tokens: int = 128
     seed: int = 0
     version: int = 1
+    # FFN down projections with V and the residual neuron-major (lr_v.t, residual.t): the sparse
+    # modes of aios-run read only firing neurons' rows (recorded in provenance only when on)
+    sparse_down: bool = False
 
     @property
     def selection(self) -> str:
@@ -162,6 +180,22 @@ def residual_layout(n_out: int, n_in: int, t: str) -> tuple[str, str, str | None
     return kind, layout, f"{n_out}×{n_in} values do not tile {t.upper()} blocks ({blk})"
 
 
+def neuron_major_residual_layout(n_rows: int, row_len: int, t: str) -> tuple[str, str, str | None]:
+    """(type, layout, fallback reason) of a neuron-major residual Eᵀ: ``n_rows`` (d_ffn) rows of
+    ``row_len`` (d_model) values, always stored as rows ("neuron-major") so one neuron's row is
+    whole blocks; a type whose blocks do not divide the row falls back as ``residual_layout``'s do."""
+    if t == "none":
+        return "none", "none", None
+    blk, _ = block_size(t)
+    if row_len % blk == 0:
+        return t, "neuron-major", None
+    kind, layout, _ = neuron_major_residual_layout(n_rows, row_len, RESIDUAL_FALLBACK.get(t, "f16"))
+    return kind, layout, f"neuron-major rows of {row_len} values do not tile {t.upper()} blocks ({blk})"
+
+
+NEURON_MAJOR_DOWN = re.compile(r"blk\.\d+\.ffn_down\.weight")  # what --sparse-down stores neuron-major
+
+
 # --- math -----------------------------------------------------------------------------------
 
 
@@ -222,19 +256,24 @@ def _svd(M: np.ndarray, r: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.n
     return u[:, :r], s[:r], vt[:r]
 
 
-def compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None = None) -> Compressed:
-    """Factorize W (n_out, n_in) into stored U, V and residual per ``cfg`` (see module doc)."""
+def compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None = None, *,
+             neuron_major: bool = False) -> Compressed:
+    """Factorize W (n_out, n_in) into stored U, V and residual per ``cfg`` (see module doc);
+    ``neuron_major``: V and the residual stored transposed (``lr_v.t``, ``residual.t``)."""
     from threadpoolctl import threadpool_limits
 
     # small matrices: one BLAS thread (threaded LAPACK on tiny panels is several times slower,
     # worse on shared cores); large ones keep the library default
     with threadpool_limits(1 if np.size(W) <= 1 << 22 else None):
-        return _compress(np.asarray(W, dtype=np.float64), cfg, gram)
+        return _compress(np.asarray(W, dtype=np.float64), cfg, gram, neuron_major)
 
 
-def _compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None) -> Compressed:
+def _compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None, neuron_major: bool = False) -> Compressed:
     m, n = W.shape
-    rtype, layout, r_why = residual_layout(m, n, cfg.residual)
+    if neuron_major:
+        rtype, layout, r_why = neuron_major_residual_layout(n, m, cfg.residual)
+    else:
+        rtype, layout, r_why = residual_layout(m, n, cfg.residual)
     r_bytes = 0 if rtype == "none" else nbytes_of(m * n, rtype)
     L, eps = (None, None)
     M = W
@@ -258,20 +297,28 @@ def _compress(W: np.ndarray, cfg: SvdResidualConfig, gram: np.ndarray | None) ->
     notes = [f"residual: {r_why} -> {rtype.upper()}"] if r_why else []
     tensors: dict[str, tuple[np.ndarray, str, tuple[int, ...]]] = {}
     deq = {}
-    for suffix, x in (("lr_u", A), ("lr_v", C)):
+    # (suffix, stored values): V as Vᵀ (n_in rows of r) when neuron-major, U always as is
+    for key, suffix, x in (("lr_u", "lr_u", A), ("lr_v", "lr_v.t" if neuron_major else "lr_v",
+                                                  C.T if neuron_major else C)):
         t, why = factor_type_for(x.shape[1], cfg.factor_type)
         if why:
             notes.append(f"{suffix}: {why} -> F16")
         tensors[suffix] = (encode(x, t), t, x.shape)
-        deq[suffix] = decode(tensors[suffix][0], t, x.shape)
+        d = decode(tensors[suffix][0], t, x.shape)
+        deq[key] = d.T if suffix.endswith(".t") else d
     approx = deq["lr_u"] @ deq["lr_v"]
     if rtype != "none":
         E = (W - approx).astype(np.float32)
         blk = block_size(rtype)[0]
-        stored = encode(E.reshape(-1, blk) if layout == "flat" else E, rtype)
-        shape = (m * n,) if layout == "flat" else (m, n)
-        tensors["residual"] = (stored.reshape(-1) if layout == "flat" else stored, rtype, shape)
-        approx = approx + decode(stored, rtype, (m, n))
+        if neuron_major:  # Eᵀ: one row per neuron, quantized along n_out
+            stored = encode(np.ascontiguousarray(E.T), rtype)
+            tensors["residual.t"] = (stored, rtype, (n, m))
+            approx = approx + decode(stored, rtype, (n, m)).T
+        else:
+            stored = encode(E.reshape(-1, blk) if layout == "flat" else E, rtype)
+            shape = (m * n,) if layout == "flat" else (m, n)
+            tensors["residual"] = (stored.reshape(-1) if layout == "flat" else stored, rtype, shape)
+            approx = approx + decode(stored, rtype, (m, n))
     nbytes = sum(int(a.nbytes) for a, _, _ in tensors.values())
     err = W - approx
     out_sqnr = None
@@ -446,7 +493,8 @@ def _compress_all(handle, targets, grams, cfg, scratch: Path, progress):
     entries: dict[str, list[tuple[str, str, tuple[int, ...], Path]]] = {}
     for k, p in enumerate(targets):
         W = source_rows(handle, p)(0, p.shape[0])  # laid out as llama.cpp stores it
-        c = compress(W, cfg, grams.get(p.source))
+        c = compress(W, cfg, grams.get(p.source),
+                     neuron_major=cfg.sparse_down and bool(NEURON_MAJOR_DOWN.fullmatch(p.name)))
         base = p.name.removesuffix(".weight")
         entries[p.name] = []
         for suffix, (arr, t, shape) in c.tensors.items():
@@ -482,9 +530,26 @@ def lowrank_metadata(rows: list[TensorRow], cfg: SvdResidualConfig, calib: dict 
     notes = [f"{r.name}: {n}" for r in rows for n in r.notes]
     if notes:
         meta["aios.lowrank.fallbacks"] = notes
+    if cfg.sparse_down:
+        meta.update(sparse_down_metadata(sum(1 for r in rows if NEURON_MAJOR_DOWN.fullmatch(r.name + ".weight"))))
     if calib:
         meta["aios.lowrank.calibration"] = json.dumps(calib, sort_keys=True)
     return meta
+
+
+SPARSE_DOWN_FORMAT = ("blk.N.ffn_down = lr_u (d_model x r) @ lr_v + residual with lr_v.t (d_ffn x r) = lr_vᵀ and "
+                      "residual.t (d_ffn x d_model) = residualᵀ stored neuron-major (row j = neuron j, the residual "
+                      "quantized along d_model), so exact-sparse runs read only firing neurons' rows of lr_v.t and "
+                      "residual.t, and lr_u whole")
+SPARSE_DOWN_WARNING = ("--sparse-down stores every FFN down projection's lr_v and residual neuron-major "
+                       "(blk.N.ffn_down.lr_v.t, .residual.t): the file is for aios-run (all modes); llama.cpp cannot "
+                       "load it, as it cannot load any svd-residual file")
+
+
+def sparse_down_metadata(n_layers: int) -> dict[str, object]:
+    """``aios.sparse_down.*`` keys of a neuron-major svd-residual export."""
+    return {"aios.sparse_down.format": SPARSE_DOWN_FORMAT, "aios.sparse_down.layers": n_layers,
+            "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight"}
 
 
 def _write(handle, out: Path, tensors, entries, rows, cfg: SvdResidualConfig, calib) -> SvdResidualResult:
@@ -502,8 +567,13 @@ def _write(handle, out: Path, tensors, entries, rows, cfg: SvdResidualConfig, ca
             plan.tensors.append(PlannedTensor(name, None, shape, p.source_dtype, t, nbytes,
                                               data=lambda f=f: np.load(f, mmap_mode="r")))
     plan.sort()
-    prov = provenance(handle, command="aios-convert svd-residual", converter_config=asdict(cfg))
+    converter_config = asdict(cfg)
+    if not converter_config["sparse_down"]:  # recorded only when on: older exports keep their bytes
+        del converter_config["sparse_down"]
+    prov = provenance(handle, command="aios-convert svd-residual", converter_config=converter_config)
     meta, warnings, _ = aios_metadata(handle, cfg.outtype, plan.fallbacks, prov)
+    if cfg.sparse_down:
+        warnings.append(SPARSE_DOWN_WARNING)
     meta.update(lowrank_metadata(rows, cfg, calib))
     plan.metadata = meta
     plan.tokenizer = read_tokenizer(handle.path, handle.facts.vocab_size)

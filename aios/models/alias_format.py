@@ -195,6 +195,8 @@ def ratio_of(handle, groups: list[Group] | None = None) -> RatioReport:
 
     def plain(layer: int, t: str) -> int | None:
         name = handle.stored_name(handle.arch.block(layer, t))
+        if name is None and t == handle.arch.ffn_down + ".weight" and f"blk.{layer}.ffn_down.t" in inv:
+            name = f"blk.{layer}.ffn_down.t"  # a --sparse-down GGUF: the same matrix stored neuron-major
         return inv[name].nbytes if name else None
 
     return aliasing_ratio(groups, lambda n: inv[n].nbytes, plain, handle.facts.core_zone,
