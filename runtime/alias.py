@@ -29,7 +29,7 @@ import numpy as np
 from aios.errors import InvalidModelError, UsageError
 from aios.models import alias_format as af
 from runtime.sparse_down import NEURON_MAJOR, FactoredRows, NeuronMajorSum, NeuronRows
-from runtime.weights import Matrix, from_gguf_tensor
+from runtime.weights import KERNELS, Matrix, from_gguf_tensor
 
 
 @dataclass
@@ -109,13 +109,16 @@ def alias_hook(model, tensors: dict, i: int, L: dict) -> None:
                 op = _neuron_major(m, canon, g.canonical, tensors)
                 L[key] = L[key.removesuffix(".weight") + ".T"] = op
                 continue
-            if key == "ffn_down.weight" and model.mode != "dense":
-                raise UsageError(
-                    f"--mode {model.mode} reads single neurons' rows of ffn_down, but {model.path.name} stores "
-                    f"{m.weight} as canonical + delta in the standard layout; run --mode dense, or export the "
-                    "aliased folder with `aios-convert alias FOLDER --gguf OUT.gguf --sparse-down`.")
             delta = tuple(_matrix(tensors[n]) for n in m.tensors)
             L[key] = AliasedLinear(m.weight, canon, m.encoding, delta)
+    down = L.get("ffn_down.weight")
+    standard = isinstance(down, AliasedLinear) or (isinstance(down, Matrix) and KERNELS[down.kind].sparse is None)
+    if model.mode != "dense" and "ffn_down.T" not in L and standard:
+        raise UsageError(
+            f"--mode {model.mode} reads single neurons' rows of ffn_down, but {model.path.name} stores blk.{i}.ffn_down "
+            f"{'as canonical + delta' if isinstance(down, AliasedLinear) else 'quantized'} in the standard layout; "
+            "run --mode dense, or export the aliased folder with `aios-convert alias FOLDER --gguf OUT.gguf "
+            "--sparse-down`.")
     for name in af.stored_alias_names(groups):  # raw entries the generic loader made for this layer
         if name.startswith(prefix):
             key = name[len(prefix):]
