@@ -441,7 +441,7 @@ dot4_q5_0, dot4_q5_1, dot4_iq4_nl = _dot4_b32("q5_0"), _dot4_b32("q5_1"), _dot4_
 
 # --- the same blocks times 8-bit activations: integer block dot products ("int8" arithmetic) ----
 # llama.cpp's scheme: each activation row is quantized once per matmul to int8 blocks of 32 with
-# one float scale d_x per block (ggml's quantize_row_q8_0; ``quantize_q8``), so a block's
+# one fp16 scale d_x per block (ggml's quantize_row_q8_0; ``quantize_activations``), so a block's
 # contribution is d_w·d_x·Σ q_w·q_x with Σ q_w·q_x exact in int32. The integer dot multiplies
 # unsigned by signed bytes (the shape of x86's vpdpbusd / pmaddubsw): Q8_0 and IQ4_NL as
 # (q_x+128)·q_w − 128·q_w with VNNI, |q_w| · (sign(q_w)·q_x) with pmaddubsw, which saturates (q_x
@@ -1363,10 +1363,11 @@ def xsum(X, sub):
 
 @njit(cache=True)
 def quantize_q8(X, xq, xd, xs):
-    """Each row of X (T, k) as int8 blocks of QK: xq (T, k) int8, xd (T, k/QK) the scales d,
-    xs (T, k/QK) d·Σq (ggml's Q8_1 s). As ggml's quantize_row_q8_0 reference: d = max|x|/127,
-    q = round(x·(1/d)) half away from zero (0 for an all-zero block), but d kept in float32
-    (ggml rounds it to fp16). No fastmath: ``x·(1/d)`` stays as written, so numpy can repeat it."""
+    """Each row of X (T, k) as int8 blocks of QK: xq (T, k) int8, xd (T, k/QK) the scales d in
+    float32, xs (T, k/QK) the quants' sums Σq. As ggml's x86 quantize_row_q8_0/q8_1 (AVX): d =
+    max|x|/127, q = round half to even of x·(127/max|x|) (0 for an all-zero block); the fp16
+    roundings ggml stores are ``quantize_activations``'s. No fastmath: the products stay as
+    written, so numpy can repeat them."""
     T, k = X.shape
     nb = k // QK
     for t in range(T):  # one thread: O(k) per token against the matmul's O(n·k)
@@ -1376,29 +1377,47 @@ def quantize_q8(X, xq, xd, xs):
             for i in range(QK):
                 amax = max(amax, abs(X[t, o + i]))
             d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             s = 0
             for i in range(QK):
-                v = X[t, o + i] * inv
-                q = np.int32(np.floor(abs(v) + np.float32(0.5)))
-                q = -q if v < 0 else q
+                q = np.int32(np.rint(X[t, o + i] * inv))
                 xq[t, o + i] = q
                 s += q
             xd[t, b] = d
-            xs[t, b] = d * np.float32(s)
+            xs[t, b] = np.float32(s)
 
 
 @njit(cache=True)
-def quantize_activations(X):
-    """(xq, xd, xs) of ``quantize_q8`` for X (T, k), k a multiple of QK. Its own compiled
-    function, called before the kernel: compiled as a callee of the fastmath kernel, d came out
-    one ulp off ggml's max|x|/127 (measured)."""
+def _quantize_q8_blocks(X):
+    """(xq, xd, xs) of ``quantize_q8`` for X (T, k), k a multiple of QK, d and s in float32. Its
+    own compiled function, called before the kernel: compiled as a callee of the fastmath kernel,
+    d came out one ulp off ggml's max|x|/127 (measured)."""
     T, k = X.shape
     xq = np.empty((T, k), np.int8)
     xd = np.empty((T, k // QK), np.float32)
     xs = np.empty((T, k // QK), np.float32)
     quantize_q8(X, xq, xd, xs)
     return xq, xd, xs
+
+
+def _fp16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to fp16 (nearest even, as F16C's vcvtps2ph and ggml's FP32_TO_FP16);
+    numpy does it because numba has no float16."""
+    return a.astype(np.float16).astype(np.float32)
+
+
+def quantize_activations(X, affine: bool = False):
+    """X (T, k) as ggml's block_q8_0 / block_q8_1 on x86: (xq int8 (T, k), d (T, k/QK), s
+    (T, k/QK)) with d rounded to fp16 as ggml stores it and s the block's Σx as ggml's dot products
+    see it: d·Σq for the Q8_0 partners (Q8_0, Q4_0, Q5_0, IQ4_NL: ggml subtracts the offset from
+    the quants, which is exactly −offset·d·Σq), and for the Q8_1 partners (``affine``: Q4_1,
+    Q5_1) the stored fp16 of d·Σq taken before d's rounding. The kernels read both as float32."""
+    xq, xd, isum = _quantize_q8_blocks(X)
+    d16 = _fp16(xd)
+    return xq, d16, _fp16(xd * isum) if affine else d16 * isum
+
+
+AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products take Q8_1 activations
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -1506,7 +1525,7 @@ def mm_block_int8(fmt, W, X, rows, Y):
     if fmt in KQ_INT_KIND:
         _mm_kq_int(W, *quantize_activations_k(X), rows, Y, KQ_INT_KIND[fmt])
     else:
-        _mm_b32_int(W, *quantize_activations(X), rows, Y, B32_KIND[fmt])
+        _mm_b32_int(W, *quantize_activations(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
 
 
 def mm_block_arith(fmt, W, X, rows, Y):

@@ -28,7 +28,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models.architectures import Architecture, for_gguf_arch, runtime_architectures
-from runtime import gguf_checks, ops
+from runtime import gguf_checks, kernels, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
@@ -78,6 +78,10 @@ class HParams:
     final_softcap: float = 0.0
 
 
+GGML_GELU = "gelu (ggml fp16 table)"  # what _activation() names the GELU family under int8 arithmetic
+GELU_FAMILY = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
 def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
     if name == "relu":
         return np.maximum(x, 0)
@@ -92,6 +96,8 @@ def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
         from scipy.special import erf
 
         return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
+    if name == GGML_GELU:  # the int8 arithmetic's GELU: llama.cpp's (ops.gelu_ggml)
+        return ops.gelu_ggml(x)
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         return (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))).astype(np.float32)
     raise UnsupportedArchitectureError(f"FFN activation '{name}' is not supported by the runtime.")
@@ -198,6 +204,10 @@ class Model:
         # learned absolute positions (GPT-2): one row per position, added to the token embeddings
         self.pos_embd = from_gguf_tensor(t["position_embd.weight"]) if row.rope is None else None
         self.layers = [self._layer(t, i) for i in range(hp.n_layers)]
+        # FFN matrices with an int8 kernel: under the int8 arithmetic the activation is ggml's too
+        self._int8_weights = any(getattr(p, "kind", "").lower() in kernels.INT8_DEFAULT
+                                 for L in self.layers for op in L.values() if hasattr(op, "parts")
+                                 for p in op.parts())
         self.counter = ByteCounter()
         self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
         self.ffn_act_hook = None  # callable(layer, a): sees the down projection's input (R1 counts)
@@ -237,6 +247,10 @@ class Model:
             hook(self, t, i, L)
         gguf_checks.check_layer(self.hp, i, L, self.path)
         if self.mode != "dense" and "ffn_down.T" not in L:  # (a neuron-major file provides it)
+            if not hasattr(L["ffn_down.weight"], "kind"):  # a composite operator (no stored type) has no rows to transpose
+                raise UsageError(f"--mode {self.mode} reads single neurons' rows of ffn_down, but {self.path.name} "
+                                 f"stores blk.{i}.ffn_down as a composite in the standard layout; run --mode dense, "
+                                 "or convert again with --sparse-down.")
             L["ffn_down.T"] = transpose(L["ffn_down.weight"])
         if self.mode == "map":
             if "ffn_active" not in L:
@@ -244,13 +258,19 @@ class Model:
             L["kept"] = np.flatnonzero(np.asarray(L["ffn_active"]) > 0).astype(np.int64)
         return L
 
+    def _activation(self) -> str:
+        """The FFN activation this forward pass computes. The int8 arithmetic is llama.cpp's, so
+        when it runs (block-typed weights with an int8 kernel, ``--arithmetic int8``) a GELU-family
+        activation is ggml's: tanh GELU looked up in an fp16 table (``ops.gelu_ggml``); the float
+        path keeps the checkpoint's own function (HF "gelu" is erf GELU)."""
+        name = self.hp.activation
+        if name in GELU_FAMILY and self._int8_weights and kernels.arithmetic() == "int8":
+            return GGML_GELU
+        return name
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the distinct stored matrices (a shared tensor counts once)."""
-            if not hasattr(L["ffn_down.weight"], "kind"):  # a composite operator (no stored type) has no rows to transpose
-                raise UsageError(f"--mode {self.mode} reads single neurons' rows of ffn_down, but {self.path.name} "
-                                 f"stores blk.{i}.ffn_down as a composite in the standard layout; run --mode dense, "
-                                 "or convert again with --sparse-down.")
         ops = [self.tok_embd, self.output] + [m for L in self.layers for m in L.values() if hasattr(m, "parts")]
         return sum({id(p): p.nbytes for op in ops for p in op.parts()}.values())
 
@@ -311,7 +331,7 @@ class Model:
             if self.measure_fnr and h.shape[0] == 1:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
         if "ffn_gate.weight" in L:
-            g = _act(hp.activation, self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
+            g = _act(self._activation(), self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
                      hp.activation_threshold)
             if self.mode != "dense":
                 # gate first: a = act(gate)·up is exactly 0 wherever act(gate) is, so only the up
@@ -319,7 +339,7 @@ class Model:
                 rows = np.flatnonzero(g.any(0)).astype(np.int64)
             a = g * self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias"))
         else:
-            a = _act(hp.activation, self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")),
+            a = _act(self._activation(), self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")),
                      hp.activation_threshold)
         a = a.astype(np.float32)
         if rows is not None:

@@ -100,3 +100,30 @@ def attention(q, K, V, p0, scale, window, softcap):
         for d in range(hd):
             out[t, h * hd + d] = o[d]
     return out
+
+
+# --- llama.cpp's GELU (the int8 arithmetic's activation) ---------------------------------------
+# ggml computes GELU on the CPU as the tanh approximation looked up in a table with one fp16
+# result per fp16 input (ggml_vec_gelu_f32 with GGML_GELU_FP16: x ≤ −10 → 0, x ≥ 10 → x, else
+# table[fp16(x)]), for HF "gelu" (erf) checkpoints such as Falcon too. The int8 path reproduces
+# llama.cpp's arithmetic, so it uses the same table; numpy does the fp16 rounding (numba has no
+# float16), which is round-to-nearest-even like the F16C conversion ggml uses.
+_GELU_TABLE: list[np.ndarray] = []
+
+
+def _gelu_table() -> np.ndarray:
+    if not _GELU_TABLE:
+        h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            g = np.float32(0.5) * h * (np.float32(1) + np.tanh(
+                np.float32(math.sqrt(2 / math.pi)) * h * (np.float32(1) + np.float32(0.044715) * h * h)))
+        _GELU_TABLE.append(g.astype(np.float16).astype(np.float32))
+    return _GELU_TABLE[0]
+
+
+def gelu_ggml(x: np.ndarray) -> np.ndarray:
+    """GELU as llama.cpp's CPU backend computes it (tanh form, fp16 table), float32 out."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore"):  # |x| ≥ 65520 rounds to ±inf in fp16; those take the branches
+        y = _gelu_table()[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)

@@ -53,16 +53,30 @@ assert K.int_dot_features() == {want!r}, K.int_dot_features()
 rng = np.random.default_rng(0)
 n, nb, T, B = 5, {blocks}, 2, {block}
 X = rng.standard_normal((T, B * nb)).astype(np.float32)
-xq, xd, _ = K.{quantize}(X)
-Xq = (xq.reshape(T, nb, B).astype(np.float64) * xd[..., None]).reshape(T, -1)
+from tests.runtime.quant_blocks import q8_1_min_term
 for kind in K.{types}:
+    affine = kind in getattr(K, "AFFINE_B32", ())
+    xq, xd, xs = K.{quantize}(X, affine) if affine else K.{quantize}(X)
+    Xq = (xq.reshape(T, nb, B).astype(np.float64) * xd[..., None]).reshape(T, -1)
     raw = random_blocks(kind, n, nb, rng)
     W = dequantize(raw, GGMLQuantizationType[kind.upper()]).reshape(n, -1).astype(np.float64)
     Y = np.zeros((T, n), np.float32)
     K.mm_block_int8(kind, raw, X, np.arange(n, dtype=np.int64), Y)
-    assert np.all(np.abs(Y - Xq @ W.T) <= 1e-5 * (np.abs(Xq) @ np.abs(W).T) + 1e-7), kind
+    ref = Xq @ W.T + (q8_1_min_term(kind, raw, xq, xd, xs) if affine else 0)
+    assert np.all(np.abs(Y - ref) <= 1e-5 * (np.abs(Xq) @ np.abs(W).T) + 1e-7), kind
 print("ok")
 """
+
+
+def q8_1_min_term(kind: str, raw: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """(T, n): what a Q4_1/Q5_1 dot product adds beyond the dequantized weights times d·q: ggml
+    multiplies each block's minimum m by the Q8_1 sum s, stored in fp16 from d·Σq before d's own
+    rounding, so Σ_b m·(s − d·Σq) (m: the fp16 at bytes 2-3 of each block)."""
+    n = raw.shape[0]
+    nb = xd.shape[1]
+    m = raw.reshape(n, nb, -1)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # (n, nb)
+    isum = xq.reshape(xq.shape[0], nb, -1).astype(np.float64).sum(axis=2)
+    return (xs.astype(np.float64) - xd.astype(np.float64) * isum) @ m.T
 
 
 def int8_on_other_cpu(tmp_path, cpu: str, features: str, want: str, *, block: int, blocks: int,

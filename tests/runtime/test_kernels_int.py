@@ -1,7 +1,7 @@
 """The int8-activation block kernels ("--arithmetic int8") against numpy references.
 
-1. ``quantize_q8`` equals ggml's quantize_row_q8_0 written in numpy (d = max|x|/127,
-   q = round half away from zero of x·(1/d)), bit for bit.
+1. ``quantize_activations`` equals ggml's x86 quantize_row_q8_0 written in numpy (d =
+   max|x|/127 stored as fp16, q = round half to even of x·(127/max|x|)), bit for bit.
 2. The integer block dot products equal a float64 reference that multiplies gguf-py's
    dequantized weights by the *quantized* activations (tight: 1e-5 of Σ|w·x|, the float32
    rounding of the scales and the accumulation; the integer sums are exact), for every
@@ -10,7 +10,8 @@
 3. Against the float path (unquantized activations) they differ only by the activations'
    8-bit rounding: relative error of Y ≤ 1e-2.
 4. Whole models (tiny-llama exported as Q8_0 and Q4_0): int8 gives the float path's greedy
-   tokens and close logits; the float setting runs the float kernel bit for bit.
+   tokens and close logits; the float setting runs the float kernel bit for bit; a GELU model
+   takes ggml's GELU table only under int8.
 """
 
 from __future__ import annotations
@@ -21,30 +22,37 @@ from gguf import GGMLQuantizationType, dequantize, quantize
 
 from runtime import kernels as K
 from runtime.weights import Matrix
-from tests.runtime.quant_blocks import int8_on_other_cpu, random_blocks
+from tests.runtime.quant_blocks import int8_on_other_cpu, q8_1_min_term, random_blocks
 
 RNG = np.random.default_rng(11)
 
 
-def _q8_numpy(X: np.ndarray):
-    """ggml's quantize_row_q8_0 (reference C) in numpy, d kept in float32."""
+def _q8_numpy(X: np.ndarray, affine: bool = False):
+    """ggml's x86 quantize_row_q8_0 / q8_1 (AVX) in numpy: d = max|x|/127 stored as fp16, q =
+    round half to even of x·(127/max|x|); s = d·Σq with the stored d (what the Q8_0 partners'
+    dot products amount to), or for Q8_1 (``affine``) the fp16 of d·Σq taken before d's rounding."""
     B = X.reshape(X.shape[0], -1, 32)
-    d = np.abs(B).max(axis=2) / np.float32(127)
+    amax = np.abs(B).max(axis=2)
+    d = amax / np.float32(127)
     inv = np.zeros_like(d)
-    np.divide(np.float32(1), d, out=inv, where=d != 0)
-    v = B * inv[..., None]
-    q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
-    return q.astype(np.int8).reshape(X.shape), d.astype(np.float32), (d * q.sum(axis=2)).astype(np.float32)
+    np.divide(np.float32(127), amax, out=inv, where=amax != 0)
+    q = np.rint(B * inv[..., None])
+    d16 = d.astype(np.float16).astype(np.float32)
+    isum = q.sum(axis=2).astype(np.float32)
+    s = (d * isum).astype(np.float16).astype(np.float32) if affine else d16 * isum
+    return q.astype(np.int8).reshape(X.shape), d16, s
 
 
 def test_quantize_q8_matches_ggml_reference():
     X = RNG.standard_normal((3, 32 * 9), dtype=np.float32) * np.float32(3)
     X[1, 32:64] = 0  # an all-zero block: d = 0, quants 0
-    X[2, 64:96] = np.linspace(-1, 1, 32, dtype=np.float32)  # ties at ±0.5 steps round away from zero
-    xq, xd, xs = K.quantize_activations(X)
-    q, d, s = _q8_numpy(X)
-    assert np.array_equal(xq, q) and np.array_equal(xd, d)
-    np.testing.assert_allclose(xs, s, rtol=1e-6, atol=0)
+    X[2, 64:96] = np.linspace(-1, 1, 32, dtype=np.float32)  # 127·x/max: ties at ±k.5 round to even
+    X[0, 96:128] = np.float32(1e-6) * np.arange(32, dtype=np.float32)  # d below fp16's normal range
+    for affine in (False, True):
+        xq, xd, xs = K.quantize_activations(X, affine)
+        q, d, s = _q8_numpy(X, affine)
+        assert np.array_equal(xq, q) and np.array_equal(xd, d) and np.array_equal(xs, s)
+    assert np.array_equal(xd, xd.astype(np.float16).astype(np.float32))  # d as ggml stores it
     assert np.abs(xq).max() == 127 and xq.min() >= -127  # never −128 (the sign trick relies on it)
     assert not xq[1, 32:64].any() and xd[1, 1] == 0
 
@@ -66,7 +74,8 @@ def _deq(raw: np.ndarray, kind: str, n: int, k: int) -> np.ndarray:
 def test_int8_kernel_equals_quantized_activation_reference(kind, nb, T):
     n, k = 9, 32 * nb
     X = RNG.standard_normal((T, k), dtype=np.float32)
-    xq, xd, _ = _q8_numpy(X)
+    affine = kind in K.AFFINE_B32
+    xq, xd, xs = _q8_numpy(X, affine)
     Xq = (xq.reshape(T, nb, 32).astype(np.float64) * xd[..., None]).reshape(T, k)  # what int8 multiplies
     for raw in _weights(kind, n, nb):
         W = _deq(raw, kind, n, k)
@@ -75,7 +84,7 @@ def test_int8_kernel_equals_quantized_activation_reference(kind, nb, T):
             K.mm_block_int8(kind, raw, X, rows.astype(np.int64), Y)
             ref = np.zeros((T, n))
             r = np.unique(rows)
-            ref[:, r] = Xq @ W[r].T
+            ref[:, r] = Xq @ W[r].T + (q8_1_min_term(kind, raw[r], xq, xd, xs) if affine else 0)
             bound = np.zeros((T, n))
             bound[:, r] = np.abs(Xq) @ np.abs(W[r]).T
             assert np.all(np.abs(Y - ref) <= 1e-5 * bound + 1e-7), (kind, rows)
@@ -180,6 +189,20 @@ def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
     Y = np.zeros((2, w.n_out), np.float32)
     K.mm_block(outtype, w.data, X, np.arange(w.n_out, dtype=np.int64), Y)
     assert np.array_equal(w.matmul(X), Y)
+
+
+def test_int8_arithmetic_takes_llama_cpps_gelu(exported, arithmetic):
+    """Falcon (HF "gelu", erf): the float path keeps erf GELU; the int8 path, llama.cpp's
+    arithmetic, takes ggml's fp16-table tanh GELU, and only where int8 kernels run (an F16 file
+    is float whatever the setting)."""
+    from runtime.model import GGML_GELU, Model
+
+    q8, _ = exported("tiny-falcon", "q8_0")
+    f16, _ = exported("tiny-falcon", "f16")
+    arithmetic("int8")
+    assert Model(q8)._activation() == GGML_GELU and Model(f16)._activation() == "gelu"
+    arithmetic("float")
+    assert Model(q8)._activation() == "gelu"
 
 
 def test_cli_arithmetic_option(exported, arithmetic):

@@ -67,3 +67,28 @@ def test_attention_causal_gqa(T: int, p0: int, Hq: int, Hkv: int, window: int, s
             w = np.exp(s - s.max())
             ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ V[j0 : p0 + t + 1, kv]
     np.testing.assert_allclose(ops.attention(q, K, V, p0, scale, window, softcap), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_ggml_is_the_fp16_table_of_tanh_gelu() -> None:
+    """Every fp16 input in (−10, 10): the fp16 rounding of ggml_gelu_f32 (tanh GELU in float32,
+    as ggml writes it: 0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²))), element by element here;
+    numpy's and glibc's tanhf may part by a float32 ulp, so at most one fp16 step apart, rarely);
+    within 1e-3 of float64 tanh GELU where 1 + tanh does not cancel (x > −3); outside the range,
+    ggml's branches."""
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = h[np.isfinite(h) & (np.abs(h.astype(np.float32)) < 10)].astype(np.float32)
+    c, a = np.float32(math.sqrt(2 / math.pi)), np.float32(0.044715)
+    ref = np.array([np.float32(0.5) * v * (np.float32(1) + np.tanh(c * v * (np.float32(1) + a * v * v)))
+                    for v in h], np.float32).astype(np.float16)
+    got = ops.gelu_ggml(h)
+    step = np.abs(np.spacing(ref)).astype(np.float32)
+    assert np.all(np.abs(got - ref.astype(np.float32)) <= step)
+    assert (got == ref.astype(np.float32)).mean() > 0.999
+    x = h.astype(np.float64)
+    exact = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    ok = x > -3
+    assert np.all(np.abs(got[ok] - exact[ok]) <= 1e-3 * np.maximum(np.abs(exact[ok]), 1e-2))
+    # off the grid: the input is rounded to fp16 first
+    assert ops.gelu_ggml(np.array([1.0001], np.float32))[0] == ops.gelu_ggml(np.array([1.0], np.float32))[0]
+    out = ops.gelu_ggml(np.array([-10.0, -1e6, 10.0, 12.5, 1e6], np.float32))
+    assert out.tolist() == [0.0, 0.0, 10.0, 12.5, 1e6] and out.dtype == np.float32
