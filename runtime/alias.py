@@ -114,11 +114,11 @@ def alias_hook(model, tensors: dict, i: int, L: dict) -> None:
     down = L.get("ffn_down.weight")
     standard = isinstance(down, AliasedLinear) or (isinstance(down, Matrix) and KERNELS[down.kind].sparse is None)
     if model.mode != "dense" and "ffn_down.T" not in L and standard:
+        how = "as canonical + delta" if isinstance(down, AliasedLinear) else "quantized"
         raise UsageError(
-            f"--mode {model.mode} reads single neurons' rows of ffn_down, but {model.path.name} stores blk.{i}.ffn_down "
-            f"{'as canonical + delta' if isinstance(down, AliasedLinear) else 'quantized'} in the standard layout; "
-            "run --mode dense, or export the aliased folder with `aios-convert alias FOLDER --gguf OUT.gguf "
-            "--sparse-down`.")
+            f"--mode {model.mode} reads single neurons' rows of ffn_down, but {model.path.name} stores "
+            f"blk.{i}.ffn_down {how} in the standard layout; run --mode dense, or export the aliased "
+            "folder with `aios-convert alias FOLDER --gguf OUT.gguf --sparse-down`.")
     for name in af.stored_alias_names(groups):  # raw entries the generic loader made for this layer
         if name.startswith(prefix):
             key = name[len(prefix):]

@@ -189,12 +189,12 @@ def test_aliased_sparse_down_metadata_and_ratio(aliased):
     # Vᵀ's rows of R = 8 values fit no Q8_0 block: stored F16, more bytes than V's Q8_0 rows, which
     # the ratio counts (the price of reading V per neuron); with F16 everywhere the ratios are equal
     names, std_names = _tensors(nm), _tensors(std)
-    extra = sum(int(names[f"blk.{i}.ffn_down.delta.lr_v.t"].n_bytes) - int(std_names[f"blk.{i}.ffn_down.delta.lr_v"].n_bytes)
-                for i in (2, 3))
+    extra = sum(int(names[f"blk.{i}.ffn_down.delta.lr_v.t"].n_bytes)
+                - int(std_names[f"blk.{i}.ffn_down.delta.lr_v"].n_bytes) for i in (2, 3))
     assert names["blk.2.ffn_down.delta.lr_v.t"].tensor_type.name == "F16" and extra > 0
     assert af.ratio_of(hs).core_saved - r.core_saved == pytest.approx(extra, abs=1)
-    f16, f16_std = resolve_model(str(aliased("lowrank:8", "f16", True))), resolve_model(str(aliased("lowrank:8", "f16", False)))
-    assert f16.store.field("aios.alias.core_aliasing_ratio") == f16_std.store.field("aios.alias.core_aliasing_ratio")
+    f16 = [resolve_model(str(aliased("lowrank:8", "f16", sd))).store for sd in (True, False)]
+    assert f16[0].field("aios.alias.core_aliasing_ratio") == f16[1].field("aios.alias.core_aliasing_ratio")
 
 
 # --- svd-residual files --------------------------------------------------------------------
