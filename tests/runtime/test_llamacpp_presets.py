@@ -20,17 +20,16 @@ presets people deploy. Per file:
     agreement ≥ 0.99 where a near-tie counts as agreeing (llama.cpp's own logit for our pick
     within TIE = 0.5 % of its largest |logit| below its top-1), and ≥ 0.97 with no exception
     at all (a floor under the exact float path's own agreement, 0.977 at worst). Why ties:
-    the two are not bit-identical (llama.cpp rounds the activation scale d to fp16, looks
-    GELU up in an fp16 table, computes RoPE angles and attention sums in another order), and
-    in a 6-layer model each 8-bit requantization amplifies a 1e-7 difference to its rounding
-    noise, so the logits part by a median ~0.6 % (max 2-3 %) of the largest one, just as
-    exact float logits part from llama.cpp's, and top-1 flips wherever llama.cpp's top-2 are
-    that close (18-32 of 512 positions are within 0.5 %; tiny-llama's first, after the EOS
-    whose embedding row is zero, has all logits 0 and both pick token 0). Measured at 512
-    positions: no exception 0.986-0.998 (float path 0.977-0.994), near-ties counted
-    0.998-1.000; at 2048 (docs/benchmarks.md): 0.988-0.996 (tiny-falcon Q4_K_S 0.9878 and
-    Q4_K_M 0.9893 are 5 and 2 positions short of 0.99, at every differing position
-    llama.cpp's top-2 are within 0.85 %), near-ties counted ≥ 0.9976;
+    the int8 path rounds as ggml does (fp16 activation scales, round-half-even quants, GELU
+    from ggml's fp16 table), but attention sums come out in another order, and in a 6-layer
+    model each 8-bit requantization amplifies a 1e-7 difference to its rounding noise, so the
+    logits part by a median ~0.5 % of the largest one, and top-1 flips wherever llama.cpp's
+    top-2 are that close (18-32 of 512 positions are within 0.5 %; tiny-llama's first, after
+    the EOS whose embedding row is zero, has all logits 0 and both pick token 0). Measured at
+    512 positions: no exception 0.984-1.000 (float path 0.977-0.994), near-ties counted 0.998-
+    1.000; at 2048 (docs/benchmarks.md): 0.9893-0.9990 (tiny-falcon Q5_K_M 0.9893 and IQ4_XS
+    0.9897 are 2 and 1 positions short of 0.99, each a llama.cpp near-tie), near-ties counted
+    ≥ 0.9990;
   - held-out perplexity of the int8 path within 0.5 % of the float path's on the same file
     (measured |Δ| ≤ 0.21 % at 512 tokens);
   ``pytest -s`` prints the per-file table, ``AIOS_PRESET_TOKENS=2048`` measures more tokens;
