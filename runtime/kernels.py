@@ -51,11 +51,17 @@ from numba.extending import intrinsic
 
 from aios.quant import QK_K, block_size, type_size
 
-# numba's OpenMP threading layer (its default here: TBB is rarely installed) lets idle
+# numba's OpenMP threading layer (libgomp; its default here: TBB is rarely installed) lets idle
 # threads spin at each barrier; when another process uses a core, a parallel region then
 # waits for a descheduled thread while its peers burn the other core (measured on the tiny
 # fixture with one core busy: 11-20 tok/s spinning vs 625-1270 tok/s passive, and 290-440
 # on one thread). Passive waiting is set before numba starts its pool, unless the user chose.
+# Its price is a futex wake-up per parallel region, ~115-130 µs on this project's VM (a halted
+# vCPU is woken through the hypervisor), so small regions run on one thread (``threads_for``).
+# A short spin instead (GOMP_SPINCOUNT=10000) removed that price in a loop of matmuls but
+# moved 4-layer Llama-3.1-8B-dimension Q8_0 decode by less than the machine's noise, idle
+# or with one core busy (12.18 vs 12.07 and 6.65 vs 6.66 tok/s, medians of 4 alternated
+# processes), so passive stays.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 QK = block_size("Q8_0")  # elements per Q8_0 / Q4_0 block (gguf-py's table, like every block size)
@@ -77,6 +83,12 @@ def physical_cores() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
+_THREADS = {"want": 0, "now": 0}  # set_threads' count (0: never called) and the count in effect
+# below this many bytes touched, a parallel region costs more than it saves: a second thread's
+# wake-up (~120 µs here) is the time one thread takes to read ~1.5 MB (13 GB/s per core)
+SERIAL_BYTES = 1 << 20
+
+
 def set_threads(n: int | None = None) -> int:
     """Run the parallel kernels on ``n`` threads (default: physical cores, at most what numba
     started with); returns the count in effect. ``n`` above numba's pool is an error."""
@@ -91,7 +103,23 @@ def set_threads(n: int | None = None) -> int:
         raise UsageError(f"--threads {n} is outside 1..{pool} (numba's thread pool here; "
                          "NUMBA_NUM_THREADS sets its size).")
     numba.set_num_threads(n)
+    _THREADS["want"] = _THREADS["now"] = n
     return n
+
+
+def threads_for(nbytes: int) -> None:
+    """Before a parallel kernel that touches ``nbytes``: one thread below SERIAL_BYTES, else the
+    ``set_threads`` count (a tiny model's every matmul, a short attention, run without waking the
+    pool). Changes numba's setting only when the choice changes (a set costs ~2.5 µs); does
+    nothing until ``set_threads`` was called."""
+    want = _THREADS["want"]
+    if want > 1:
+        n = 1 if nbytes < SERIAL_BYTES else want
+        if n != _THREADS["now"]:
+            import numba
+
+            numba.set_num_threads(n)
+            _THREADS["now"] = n
 
 
 # === SIMD intrinsics ==========================================================================

@@ -311,6 +311,7 @@ class Model:
         self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
         self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
         window = hp.window if hp.swa_layers[layer] else 0
+        kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
         return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, hp.attn_scale, window,
                              hp.attn_softcap)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime import kernels as K
 from runtime.weights import KERNELS, Matrix
 
 NEURON_MAJOR = ".t"  # suffix of a tensor stored neuron-major (d_ffn rows), after the name it replaces
@@ -67,6 +68,7 @@ class NeuronRows:
         kernel = spec.sparse or spec.sparse_blocks
         if kernel is None:
             return self._decode_rows_matvec(a, active)
+        K.threads_for(len(active) * self.row_bytes)
         y = np.empty(self.n_out, np.float32)
         kernel(self.m.data, np.ascontiguousarray(a, dtype=np.float32), active, y)
         return y

@@ -66,6 +66,7 @@ class Matrix:
         assert X.shape[1] == self.n_in, (self.name, X.shape, self.n_in)
         Y = np.zeros((X.shape[0], self.n_out), np.float32)
         r = np.arange(self.n_out, dtype=np.int64) if rows is None else rows
+        K.threads_for(len(r) * self.row_bytes * X.shape[0])
         KERNELS[self.kind].matmul(self, X, r, Y)
         return Y
 
@@ -96,6 +97,7 @@ class TransposedMatrix:
 
     def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
         y = np.empty(self.data.shape[1], np.float32)
+        K.threads_for(len(active) * self.row_bytes)
         KERNELS[self.kind].sparse(self.data, a, active, y)
         return y
 

@@ -1,6 +1,7 @@
-"""``--threads``: the kernels' thread count on generate and bench, and a threading layer
-that waits passively (a spinning OpenMP barrier collapses decode when another process uses a
-core: measured 12-30 tok/s spinning vs 900-1280 passive on the tiny fixture)."""
+"""``--threads``: the kernels' thread count on generate and bench, a threading layer that
+waits passively (a spinning OpenMP barrier collapses decode when another process uses a
+core: measured 12-30 tok/s spinning vs 900-1280 passive on the tiny fixture), and small work
+on one thread (a sleeping thread's wake-up costs more than it saves)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,26 @@ def test_openmp_waits_passively_unless_the_user_chose():
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ACTIVE"
+
+
+def test_small_work_runs_on_one_thread():
+    """``threads_for``: one thread below SERIAL_BYTES, the set_threads count above; nothing before
+    set_threads (library callers keep numba's setting)."""
+    pool, before = numba.config.NUMBA_NUM_THREADS, numba.get_num_threads()
+    if pool < 2:
+        pytest.skip("numba's pool has one thread here")
+    try:
+        K.set_threads(2)
+        K.threads_for(K.SERIAL_BYTES - 1)
+        assert numba.get_num_threads() == 1
+        K.threads_for(K.SERIAL_BYTES)
+        assert numba.get_num_threads() == 2
+        K.set_threads(1)
+        K.threads_for(10 * K.SERIAL_BYTES)
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)
+        K._THREADS.update(want=0, now=0)
 
 
 def test_generate_and_bench_take_threads(exported, tmp_path):
