@@ -263,6 +263,7 @@ class AliasResult:
     gguf: Path | None = None
     dealiased_gguf: Path | None = None
     notes: list[str] = field(default_factory=list)
+    gguf_sparse_down: bool = False  # ``gguf`` stores its FFN down projections neuron-major
 
 
 def check_source(handle: ModelHandle) -> None:

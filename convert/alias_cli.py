@@ -61,7 +61,8 @@ def render_alias(result: AliasResult) -> None:
     for note in result.notes:
         console.print(note)
     if result.gguf:
-        console.print(f"wrote {result.gguf} (aliased; runs in aios-run, not in llama.cpp)")
+        layout = ", FFN down projections neuron-major (--sparse-down)" if result.gguf_sparse_down else ""
+        console.print(f"wrote {result.gguf} (aliased{layout}; runs in aios-run, not in llama.cpp)")
     if result.dealiased_gguf:
         console.print(f"wrote {result.dealiased_gguf} (de-aliased standard GGUF; llama.cpp loads it)")
     console.print(f"wrote {result.output}")

@@ -86,6 +86,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
             from convert.alias_gguf import export_alias_gguf
 
             result.gguf = export_alias_gguf(result.output, gguf, outtype=outtype, sparse_down=True).output
+            result.gguf_sparse_down = True
         return result
     if train:
         from convert.alias_train import AliasTrainConfig, train_alias

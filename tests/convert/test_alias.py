@@ -300,3 +300,18 @@ def test_cli_exports_an_already_aliased_folder_without_o(tmp_path):
     assert r.exit_code == 2 and "Pass -o OUT" in r.output
     r = CliRunner().invoke(main, ["alias", "tiny-falcon", "--gguf", str(tmp_path / "x.gguf")])
     assert r.exit_code == 4 and "no alias groups" in r.output and not (tmp_path / "x.gguf").exists()
+
+
+def test_render_names_a_neuron_major_gguf(tmp_path, capsys):
+    """``alias -o OUT --gguf F --sparse-down``: the line for F says its down projections are
+    neuron-major (the export-only path's line says so too)."""
+    from convert.alias_cli import render_alias
+
+    rep = {"mode": "post-hoc", "groups": [], "source_heldout_perplexity": 10.0, "heldout_perplexity": 10.5,
+           "perplexity_delta": 0.5,
+           "aliasing": {"core_aliasing_ratio": 0.5, "core_bytes": 100, "model_aliasing_ratio": 0.25}}
+    for sparse, want in ((True, "aliased, FFN down projections neuron-major (--sparse-down)"), (False, "(aliased;")):
+        res = A.AliasResult(tmp_path, A.AliasConfig(), rep, gguf=tmp_path / "a.gguf", gguf_sparse_down=sparse)
+        render_alias(res)
+        out = capsys.readouterr().out
+        assert want in " ".join(out.split()), out
