@@ -13,25 +13,38 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str]) -> None:
-    from runtime.generate import generate
-    from runtime.kernels import set_arithmetic
-    from runtime.model import Model
+def main(argv: list[str]) -> int:
+    """Parse ``argv`` and run; a bad argument or file is one sentence on stderr and the
+    documented exit code (argparse's 2 for usage, ``AiosError.exit_code`` otherwise)."""
+    import argparse
 
-    argv = list(argv)
-    if argv and argv[0].startswith("--arithmetic"):
-        if "=" in argv[0]:
-            set_arithmetic(argv.pop(0).split("=", 1)[1])
-        else:
-            argv.pop(0)
-            set_arithmetic(argv.pop(0))
-    path, mode, n = argv[0], argv[1], int(argv[2])
-    prompt = int(argv[3]) if len(argv) > 3 else 16
-    predictor = argv[4] if len(argv) > 4 else None
-    model = Model(path, mode=mode, predictor=predictor)
-    model.counter.enabled = False
-    generate(model, list(range(1, prompt + 1)), n)
+    from aios.errors import AiosError
+    from runtime.kernels import ARITHMETICS
+    from runtime.modes import MODES
+
+    ap = argparse.ArgumentParser(prog="python -m runtime.trace", description=__doc__.splitlines()[0])
+    ap.add_argument("--arithmetic", choices=ARITHMETICS, default=None)
+    ap.add_argument("model")
+    ap.add_argument("mode", choices=MODES)
+    ap.add_argument("n_new", type=int)
+    ap.add_argument("prompt_tokens", type=int, nargs="?", default=16)
+    ap.add_argument("predictor", nargs="?", default=None)
+    args = ap.parse_args(argv)
+    try:
+        from runtime.generate import generate
+        from runtime.kernels import set_arithmetic
+        from runtime.model import Model
+
+        if args.arithmetic:
+            set_arithmetic(args.arithmetic)
+        model = Model(args.model, mode=args.mode, predictor=args.predictor)
+        model.counter.enabled = False
+        generate(model, list(range(1, args.prompt_tokens + 1)), args.n_new)
+    except AiosError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return int(e.exit_code)
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -72,7 +72,6 @@ def test_cachegrind_out():
 
 def test_trace_picks_arithmetic(exported, arithmetic):
     """runtime.trace --arithmetic: the traced runs' block-kernel arithmetic (cachegrind, perf)."""
-    from aios.errors import UsageError
     from runtime import kernels, trace
 
     path, _ = exported("tiny-falcon-relu", "f32")
@@ -81,8 +80,22 @@ def test_trace_picks_arithmetic(exported, arithmetic):
     assert kernels.arithmetic() == "float"
     trace.main(["--arithmetic=int8", str(path), "dense", "1", "2"])
     assert kernels.arithmetic() == "int8"
-    with pytest.raises(UsageError):
+    with pytest.raises(SystemExit) as e:  # argparse: one usage line, exit 2
         trace.main(["--arithmetic", "fp4", str(path), "dense", "1", "2"])
+    assert e.value.code == 2
+
+
+def test_trace_bad_input_is_one_sentence_and_its_exit_code(tmp_path):
+    import subprocess
+    import sys
+
+    from aios.errors import ExitCode
+
+    for argv, code in ((["--arithmetic", "int4", "m.gguf", "dense", "2"], 2), (["m.gguf", "dense"], 2),
+                       ([str(tmp_path / "missing.gguf"), "dense", "2"], int(ExitCode.BAD_INPUT))):
+        r = subprocess.run([sys.executable, "-m", "runtime.trace", *argv], capture_output=True, text=True)
+        assert r.returncode == code, (argv, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].count("error") == 1
 
 
 def test_cachegrind_env_and_compile_guard(monkeypatch):
