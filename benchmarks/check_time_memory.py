@@ -2,7 +2,7 @@
 
 Builds a random-init Llama-architecture model (bf16 safetensors, ~1.0B parameters; the
 bundled tokenizer) in a temporary folder, then runs the full check in a fresh process and
-reports its wall time and peak RSS (``ru_maxrss`` of the child), next to the model's size.
+reports its wall time and peak RSS (the child's own VmHWM), next to the model's size.
 
     python benchmarks/check_time_memory.py [--layers 22] [--samples 64] [--keep DIR]
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -179,12 +178,15 @@ def main() -> None:
         params = build(folder, args.layers) if not (folder / "config.json").exists() else None
         build_s = time.perf_counter() - t0
         model_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        cmd = [sys.executable, "-m", "contract.cli", "check", str(folder), "--samples", str(args.samples),
+        cmd = [sys.executable, "-c", _CHECK, "check", str(folder), "--samples", str(args.samples),
                "-o", str(tmp / "report"), "--format", "json"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        # the child's own VmHWM: ru_maxrss of RUSAGE_CHILDREN carries this process's peak (the model
+        # it just built) across fork+exec on Linux, which inflated the figure
+        hwm = [int(x.split()[1]) for x in proc.stderr.splitlines() if x.startswith("VMHWM ")]
+        peak = hwm[-1] if hwm else 0
         report = json.loads((tmp / "report" / "aios-report.json").read_text()) if proc.returncode == 0 else None
         out = {
             "params": params, "model_bytes": model_bytes, "build_seconds": round(build_s, 1),
