@@ -364,9 +364,18 @@ def finish(handle: ModelHandle, out: Path, built: list[BuiltGroup], report: dict
     return finish_exports(out, report, config, outtype=outtype, gguf=gguf, dealias=dealias)
 
 
+def no_groups_note(out: Path) -> str:
+    """What ``--gguf``/``--dealias`` say when aliasing kept every matrix (nothing to export)."""
+    return (f"[yellow]warning:[/] no alias groups formed (every matrix type was kept: see the table), so no "
+            f"GGUF was written from {out}; lower --min-cosine, widen --zones or alias other --types, or export "
+            "the source with aios-convert gguf.")
+
+
 def finish_exports(out: Path, report: dict[str, Any], config, *, outtype: str, gguf, dealias) -> AliasResult:
     result = AliasResult(out, config, report)
-    if gguf or dealias:
+    if (gguf or dealias) and not report.get("groups"):
+        result.notes.append(no_groups_note(out))
+    elif gguf or dealias:
         from convert.alias_gguf import export_alias_gguf
 
         if gguf:

@@ -82,7 +82,11 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
                            lr=lr, delta_norm=delta_norm, gguf=None, dealias=dealias, outtype=outtype,
                            progress=progress, exported=exported, train_data=train_data, micro_batch=micro_batch,
                            device=device, checkpoint_every=checkpoint_every, resume=resume)
-        if result is not None:  # rank 0 (or a single process)
+        if result is not None and not result.report.get("groups"):
+            from convert.alias import no_groups_note
+
+            result.notes.append(no_groups_note(result.output))
+        elif result is not None:  # rank 0 (or a single process)
             from convert.alias_gguf import export_alias_gguf
 
             result.gguf = export_alias_gguf(result.output, gguf, outtype=outtype, sparse_down=True).output

@@ -315,3 +315,16 @@ def test_render_names_a_neuron_major_gguf(tmp_path, capsys):
         render_alias(res)
         out = capsys.readouterr().out
         assert want in " ".join(out.split()), out
+
+
+@pytest.mark.parametrize("sparse_down", [False, True])
+def test_no_groups_writes_the_folder_and_says_why_no_gguf(tmp_path, sparse_down):
+    """Aliasing that keeps every matrix (cosine threshold unreachable) still writes the folder;
+    --gguf then says in one warning why no GGUF came out instead of 'run alias on it first'."""
+    argv = ["alias", "tiny-falcon", "-o", str(tmp_path / "out"), "--zones", "core", "--min-cosine", "0.9999",
+            "--gguf", str(tmp_path / "a.gguf")] + (["--sparse-down"] if sparse_down else [])
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "no alias groups formed" in text and "run aios-convert alias on it first" not in text
+    assert not (tmp_path / "a.gguf").exists() and (tmp_path / "out" / af.SIDECAR).is_file()
