@@ -32,6 +32,9 @@ _HEAD = re.compile(r"(^lm_head|^output)\.weight$")
 # ``aios-convert gguf --sparse-down`` stores a layer's down projection neuron-major under this name
 # (convert/gguf/plan.py); it is the ffn_down role, whose rows sparse execution skips
 NEURON_MAJOR_DOWN = "blk.{i}.ffn_down.t"
+# ``aios-convert svd-residual --sparse-down``: the parts of a low-rank down projection whose rows are
+# neurons (V transposed, the residual transposed): ffn_down role too; U is read whole ("other")
+NEURON_MAJOR_LOWRANK_DOWN = ("blk.{i}.ffn_down.lr_v.t", "blk.{i}.ffn_down.residual.t")
 
 
 def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
@@ -52,6 +55,10 @@ def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
                     n = handle.stored_name(arch.block(i, rel + ".weight"))
                     if n is None and role == "ffn_down" and NEURON_MAJOR_DOWN.format(i=i) in inv:
                         n = NEURON_MAJOR_DOWN.format(i=i)  # the same matrix, stored transposed
+                    if n is None and role == "ffn_down":
+                        for part in (p.format(i=i) for p in NEURON_MAJOR_LOWRANK_DOWN):
+                            if part in inv:
+                                by_hf[part] = (role, inv[part].nbytes)
                     if n:
                         by_hf[n] = (role, inv[n].nbytes)
         core_stored = {handle.stored_name(n) for n in core_names} - {None}
