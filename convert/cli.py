@@ -58,7 +58,9 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
             console.print(f"{k} = {v}")
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-    for f in result.fallbacks:
+    from convert.gguf.plan import fallback_summary
+
+    for f in fallback_summary(result.plan):  # one line per repeated fallback; the file lists each tensor
         console.print(f"[yellow]fallback:[/] {f}")
     where = "would write" if dry_run else "wrote"
     console.print(f"{where} {output}: {len(result.plan)} tensors, {result.total_bytes / 2**20:,.2f} MiB of "

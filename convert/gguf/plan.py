@@ -84,6 +84,28 @@ def fallback_lines(tensors: Iterable[PlannedTensor]) -> list[str]:
     return [f"{p.name}: {p.fallback} -> {p.outtype.upper()}" for p in tensors if p.fallback]
 
 
+def fallback_summary(tensors: Iterable[PlannedTensor]) -> list[str]:
+    """``fallback_lines`` for a console: a fallback repeated in several blocks (same tensor, reason
+    and type) is one line, ``blk.N.ffn_down.weight in blocks 0-31: why -> TYPE`` (a 7B export had
+    ~100 lines); the file's metadata keeps one entry per tensor."""
+    groups: dict[tuple[str, str, str], list[tuple[int | None, str]]] = {}
+    for p in tensors:
+        if p.fallback:
+            m = re.fullmatch(r"blk\.(\d+)\.(.+)", p.name)
+            key = (f"blk.N.{m.group(2)}" if m else p.name, p.fallback, p.outtype.upper())
+            groups.setdefault(key, []).append((int(m.group(1)) if m else None, p.name))
+    out = []
+    for (name, why, kind), members in groups.items():
+        if len(members) == 1:
+            out.append(f"{members[0][1]}: {why} -> {kind}")
+            continue
+        layers = sorted(i for i, _ in members if i is not None)
+        span = (f"{layers[0]}-{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1))
+                else ", ".join(map(str, layers)))
+        out.append(f"{name} in blocks {span}: {why} -> {kind}")
+    return out
+
+
 def check_exportable(handle: ModelHandle) -> None:
     """Refuse, in one sentence, a model the GGUF export cannot write correctly."""
     if handle.kind == "gguf" or handle.path is None or not handle.has_weights:

@@ -169,7 +169,9 @@ def test_gguf_export_q4_k_reports_fallbacks_and_runs_in_llama_cpp(tmp_path):
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())  # rich wraps long lines
     assert "19 fallback(s)" in text and "llama.cpp loads and runs it" in text
-    assert "fallback: blk.0.attn_qkv.weight: row length 128 is not a multiple of the Q4_K block (256) -> Q4_0" in text
+    assert ("fallback: blk.N.attn_qkv.weight in blocks 0-5: row length 128 is not a multiple of the Q4_K block "
+            "(256) -> Q4_0") in text  # one line for the six blocks; the metadata lists each tensor
+    assert text.count("fallback: ") == 4  # qkv, dense, dense_h_to_4h, and the head / embedding
     r = gguf.GGUFReader(str(out))
     types = {t.name: t.tensor_type.name for t in r.tensors if len(t.shape) == 2}
     assert {n for n, k in types.items() if k == "Q4_K"} == {f"blk.{i}.ffn_down.weight" for i in range(6)}
