@@ -110,9 +110,14 @@ def set_threads(n: int | None = None) -> int:
 def threads_for(nbytes: int) -> None:
     """Before a parallel kernel that touches ``nbytes``: one thread below SERIAL_BYTES, else the
     ``set_threads`` count (a tiny model's every matmul, a short attention, run without waking the
-    pool). Changes numba's setting only when the choice changes (a set costs ~2.5 µs); does
-    nothing until ``set_threads`` was called."""
+    pool). Changes numba's setting only when the choice changes (a set costs ~2.5 µs). Without a
+    ``set_threads`` call (library use: the checker, perplexity), the count is numba's setting at
+    the first call."""
     want = _THREADS["want"]
+    if want == 0:
+        import numba
+
+        want = _THREADS["want"] = _THREADS["now"] = numba.get_num_threads()
     if want > 1:
         n = 1 if nbytes < SERIAL_BYTES else want
         if n != _THREADS["now"]:

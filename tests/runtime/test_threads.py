@@ -43,8 +43,8 @@ def test_openmp_waits_passively_unless_the_user_chose():
 
 
 def test_small_work_runs_on_one_thread():
-    """``threads_for``: one thread below SERIAL_BYTES, the set_threads count above; nothing before
-    set_threads (library callers keep numba's setting)."""
+    """``threads_for``: one thread below SERIAL_BYTES, the set_threads count above; before any
+    set_threads call, numba's setting at the first call is the count above."""
     pool, before = numba.config.NUMBA_NUM_THREADS, numba.get_num_threads()
     if pool < 2:
         pytest.skip("numba's pool has one thread here")
@@ -57,6 +57,12 @@ def test_small_work_runs_on_one_thread():
         K.set_threads(1)
         K.threads_for(10 * K.SERIAL_BYTES)
         assert numba.get_num_threads() == 1
+        K._THREADS.update(want=0, now=0)  # library use: no set_threads call
+        numba.set_num_threads(2)
+        K.threads_for(10)
+        assert numba.get_num_threads() == 1
+        K.threads_for(10 * K.SERIAL_BYTES)
+        assert numba.get_num_threads() == 2
     finally:
         numba.set_num_threads(before)
         K._THREADS.update(want=0, now=0)
