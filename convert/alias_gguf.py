@@ -220,8 +220,9 @@ SPARSE_DOWN_WARNING = ("--sparse-down stores every FFN down projection neuron-ma
 
 def sparse_down_metadata(n_layers: int) -> dict[str, object]:
     """``aios.sparse_down.*`` keys of a neuron-major aliased export."""
-    return {"aios.sparse_down.format": SPARSE_DOWN_FORMAT, "aios.sparse_down.layers": n_layers,
-            "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight"}
+    from convert.gguf.metadata import sparse_down_keys
+
+    return sparse_down_keys(n_layers, SPARSE_DOWN_FORMAT)
 
 
 def alias_metadata(groups: list[af.Group], report: dict) -> dict[str, object]:

@@ -548,8 +548,9 @@ SPARSE_DOWN_WARNING = ("--sparse-down stores every FFN down projection's lr_v an
 
 def sparse_down_metadata(n_layers: int) -> dict[str, object]:
     """``aios.sparse_down.*`` keys of a neuron-major svd-residual export."""
-    return {"aios.sparse_down.format": SPARSE_DOWN_FORMAT, "aios.sparse_down.layers": n_layers,
-            "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight"}
+    from convert.gguf.metadata import sparse_down_keys
+
+    return sparse_down_keys(n_layers, SPARSE_DOWN_FORMAT)
 
 
 def _write(handle, out: Path, tensors, entries, rows, cfg: SvdResidualConfig, calib) -> SvdResidualResult:

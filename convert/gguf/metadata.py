@@ -199,14 +199,16 @@ SPARSE_DOWN_FORMAT = ("blk.N.ffn_down.t (d_ffn x d_model): the FFN down projecti
                       "blk.N.ffn_down.weight, so exact-sparse runs read only firing neurons' rows")
 
 
+def sparse_down_keys(n_layers: int, fmt: str = SPARSE_DOWN_FORMAT) -> dict[str, object]:
+    """``aios.sparse_down.*`` keys of a neuron-major export (``fmt``: which tensors hold the rows;
+    the alias and svd-residual exports describe theirs)."""
+    return {"aios.sparse_down.format": fmt, "aios.sparse_down.layers": n_layers,
+            "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight"}
+
+
 def sparse_down_metadata(n_layers: int) -> tuple[dict[str, object], str]:
-    """``aios.sparse_down.*`` keys and the warning for a neuron-major export."""
-    meta: dict[str, object] = {
-        "aios.sparse_down.format": SPARSE_DOWN_FORMAT,
-        "aios.sparse_down.layers": n_layers,
-        "aios.sparse_down.runtime": "aios-run only: llama.cpp finds no blk.N.ffn_down.weight",
-    }
-    return meta, ("--sparse-down stores every FFN down projection neuron-major (blk.N.ffn_down.t): the file is "
+    """``aios.sparse_down.*`` keys and the warning for a neuron-major ``aios-convert gguf`` export."""
+    return sparse_down_keys(n_layers), ("--sparse-down stores every FFN down projection neuron-major (blk.N.ffn_down.t): the file is "
                   "for aios-run (all modes); export again without it for llama.cpp")
 
 
