@@ -126,7 +126,9 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
     result.warnings.append("aliased GGUF: the members' weights are canonical + delta, which llama.cpp cannot run; "
                            "run it with aios-run, or export a standard file with --dealias")
     if sparse_down:
-        result.metadata.update(sparse_down_metadata(handle.facts.n_layers))
+        from convert.gguf.metadata import sparse_down_keys
+
+        result.metadata.update(sparse_down_keys(handle.facts.n_layers, SPARSE_DOWN_FORMAT))
         result.warnings.append(SPARSE_DOWN_WARNING)
     plan.metadata = result.metadata
     plan.tokenizer = read_tokenizer(handle.path, handle.facts.vocab_size)  # type: ignore[arg-type]
@@ -216,13 +218,6 @@ SPARSE_DOWN_FORMAT = ("FFN down projections stored neuron-major (row j = neuron 
 SPARSE_DOWN_WARNING = ("--sparse-down stores every FFN down projection neuron-major (blk.N.ffn_down.t, "
                        "canonical.t, delta.t, delta.lr_v.t): the file is for aios-run (all modes); llama.cpp cannot "
                        "load it, as it cannot load any aliased file")
-
-
-def sparse_down_metadata(n_layers: int) -> dict[str, object]:
-    """``aios.sparse_down.*`` keys of a neuron-major aliased export."""
-    from convert.gguf.metadata import sparse_down_keys
-
-    return sparse_down_keys(n_layers, SPARSE_DOWN_FORMAT)
 
 
 def alias_metadata(groups: list[af.Group], report: dict) -> dict[str, object]:

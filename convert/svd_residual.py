@@ -531,7 +531,10 @@ def lowrank_metadata(rows: list[TensorRow], cfg: SvdResidualConfig, calib: dict 
     if notes:
         meta["aios.lowrank.fallbacks"] = notes
     if cfg.sparse_down:
-        meta.update(sparse_down_metadata(sum(1 for r in rows if NEURON_MAJOR_DOWN.fullmatch(r.name + ".weight"))))
+        from convert.gguf.metadata import sparse_down_keys
+
+        meta.update(sparse_down_keys(sum(1 for r in rows if NEURON_MAJOR_DOWN.fullmatch(r.name + ".weight")),
+                                     SPARSE_DOWN_FORMAT))
     if calib:
         meta["aios.lowrank.calibration"] = json.dumps(calib, sort_keys=True)
     return meta
@@ -544,13 +547,6 @@ SPARSE_DOWN_FORMAT = ("blk.N.ffn_down = lr_u (d_model x r) @ lr_v + residual wit
 SPARSE_DOWN_WARNING = ("--sparse-down stores every FFN down projection's lr_v and residual neuron-major "
                        "(blk.N.ffn_down.lr_v.t, .residual.t): the file is for aios-run (all modes); llama.cpp cannot "
                        "load it, as it cannot load any svd-residual file")
-
-
-def sparse_down_metadata(n_layers: int) -> dict[str, object]:
-    """``aios.sparse_down.*`` keys of a neuron-major svd-residual export."""
-    from convert.gguf.metadata import sparse_down_keys
-
-    return sparse_down_keys(n_layers, SPARSE_DOWN_FORMAT)
 
 
 def _write(handle, out: Path, tensors, entries, rows, cfg: SvdResidualConfig, calib) -> SvdResidualResult:
