@@ -28,7 +28,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models.architectures import Architecture, for_gguf_arch, runtime_architectures
-from runtime import gguf_checks, kernels, ops
+from runtime import ggml_ops, gguf_checks, kernels, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
@@ -79,6 +79,7 @@ class HParams:
 
 
 GGML_GELU = "gelu (ggml fp16 table)"  # what _activation() names the GELU family under int8 arithmetic
+GGML_SILU = "silu (ggml_v_expf)"  # and SiLU (runtime.ggml_ops.silu_mul)
 GELU_FAMILY = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
@@ -98,6 +99,8 @@ def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
         return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
     if name == GGML_GELU:  # the int8 arithmetic's GELU: llama.cpp's (ops.gelu_ggml)
         return ops.gelu_ggml(x)
+    if name == GGML_SILU:
+        return ggml_ops.silu_mul(x, np.ones_like(x))
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         return (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))).astype(np.float32)
     raise UnsupportedArchitectureError(f"FFN activation '{name}' is not supported by the runtime.")
@@ -225,8 +228,10 @@ class Model:
         self.v_cache = np.zeros_like(self.k_cache)
         self.pos = 0
         inv = hp.rope_base ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
+        self._ones_ff = self._freq_factors = np.ones(hp.rope_dims // 2, np.float32)
         if "rope_freqs.weight" in t:  # per-frequency divisors (Llama 3.1 RoPE scaling), as llama.cpp
-            inv = inv / vector(t["rope_freqs.weight"]).astype(np.float64)
+            self._freq_factors = np.ascontiguousarray(vector(t["rope_freqs.weight"])[: hp.rope_dims // 2], np.float32)
+            inv = inv / self._freq_factors.astype(np.float64)
         self._inv_freq = inv  # (rope_dims/2,)
         # local (sliding-window) layers' RoPE base (Gemma 3: 10,000 vs 1,000,000 for global ones)
         self._inv_freq_swa = hp.rope_base_swa ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
@@ -258,14 +263,22 @@ class Model:
             L["kept"] = np.flatnonzero(np.asarray(L["ffn_active"]) > 0).astype(np.int64)
         return L
 
+    def _ggml(self) -> bool:
+        """Whether this forward pass rounds as llama.cpp does: the int8 arithmetic is llama.cpp's,
+        so when it runs (block-typed weights with an int8 kernel, ``--arithmetic int8``) the
+        norms, RoPE, attention and activation are ggml's too (runtime.ggml_ops); the float path
+        keeps runtime.ops, closer to exact."""
+        return self._int8_weights and kernels.arithmetic() == "int8"
+
     def _activation(self) -> str:
-        """The FFN activation this forward pass computes. The int8 arithmetic is llama.cpp's, so
-        when it runs (block-typed weights with an int8 kernel, ``--arithmetic int8``) a GELU-family
-        activation is ggml's: tanh GELU looked up in an fp16 table (``ops.gelu_ggml``); the float
-        path keeps the checkpoint's own function (HF "gelu" is erf GELU)."""
+        """The FFN activation this forward pass computes: under ``_ggml()`` a GELU-family one is
+        ggml's tanh GELU looked up in an fp16 table (``ops.gelu_ggml``) and SiLU is ggml's
+        polynomial exp; the float path keeps the checkpoint's own function (HF "gelu" is erf GELU)."""
         name = self.hp.activation
-        if name in GELU_FAMILY and self._int8_weights and kernels.arithmetic() == "int8":
+        if self._ggml() and name in GELU_FAMILY:
             return GGML_GELU
+        if self._ggml() and name == "silu":
+            return GGML_SILU
         return name
 
     @property
@@ -287,18 +300,32 @@ class Model:
 
     def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
+        ggml = self._ggml()
         if self.hp.graph.norm == "layer":
-            return ops.layer_norm(x, w, _NO_BIAS if b is None else b, self.hp.norm_eps)
+            b = _NO_BIAS if b is None else b
+            if ggml:
+                return ggml_ops.layer_norm(x, w, b, np.float32(self.hp.norm_eps))
+            return ops.layer_norm(x, w, b, self.hp.norm_eps)
+        if ggml:
+            return ggml_ops.rms_norm(x, w, np.float32(self.hp.norm_eps))
         return ops.rms_norm(x, w, self.hp.norm_eps)
 
     def _head_norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:  # x (T, H, hd)
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        if self._ggml():
+            return ggml_ops.rms_norm(flat, w, np.float32(self.hp.norm_eps)).reshape(x.shape)
         return ops.rms_norm(flat, w, self.hp.norm_eps).reshape(x.shape)
 
     def _rope(self, x: np.ndarray, positions: np.ndarray, local: bool = False) -> np.ndarray:  # x (T, H, hd)
         x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
+        neox = self.hp.graph.rope == "neox"
+        if self._ggml():
+            base = self.hp.rope_base_swa if local else self.hp.rope_base
+            ff = self._ones_ff if local else self._freq_factors
+            ggml_ops.rope(x, positions.astype(np.int64), ggml_ops.theta_scale(base, self.hp.rope_dims), ff, neox)
+            return x
         inv = self._inv_freq_swa if local else self._inv_freq
-        ops.rope(x, positions.astype(np.float64), inv, self.hp.graph.rope == "neox")
+        ops.rope(x, positions.astype(np.float64), inv, neox)
         return x
 
     def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
@@ -312,6 +339,9 @@ class Model:
         self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
         window = hp.window if hp.swa_layers[layer] else 0
         kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
+        if self._ggml() and not hp.attn_softcap:
+            return ggml_ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0,
+                                      np.float32(hp.attn_scale), window)
         return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, hp.attn_scale, window,
                              hp.attn_softcap)
 

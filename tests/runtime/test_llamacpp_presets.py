@@ -13,26 +13,25 @@ presets people deploy. Per file:
   replaced by gguf-py's dequantization of its bytes (multiplied by the F32 kernel) within 1e-5
   of the largest logit (fixtures: a 128-token held-out window; d256: 25 tokens). Measured worst
   case 4.1e-7 (fixtures), 7.0e-7 (d256): float32 summation order only;
-- on the bundled fixtures, over the first HELDOUT_TOKENS (default 512) tokens of their held-out
-  split (``runtime.perplexity.heldout_ids``: 8 pydoc topics the fixtures never trained on),
-  windows of 128, a fresh context each:
+- on the bundled fixtures, over the first HELDOUT_TOKENS (default 2048; at 512 one flip more
+  or less moves top-1 by 0.002) tokens of their held-out split
+  (``runtime.perplexity.heldout_ids``: 8 pydoc topics the fixtures never trained on), windows
+  of 128, a fresh context each:
   - int8 path (Q8_0/Q8_K activations) against llama.cpp's logits on the same file: top-1
-    agreement ≥ 0.99 where a near-tie counts as agreeing (llama.cpp's own logit for our pick
-    within TIE = 0.5 % of its largest |logit| below its top-1), and ≥ 0.97 with no exception
-    at all (a floor under the exact float path's own agreement, 0.977 at worst). Why ties:
-    the int8 path rounds as ggml does (fp16 activation scales, round-half-even quants, GELU
-    from ggml's fp16 table), but attention sums come out in another order, and in a 6-layer
-    model each 8-bit requantization amplifies a 1e-7 difference to its rounding noise, so the
-    logits part by a median ~0.5 % of the largest one, and top-1 flips wherever llama.cpp's
-    top-2 are that close (18-32 of 512 positions are within 0.5 %; tiny-llama's first, after
-    the EOS whose embedding row is zero, has all logits 0 and both pick token 0). Measured at
-    512 positions: no exception 0.984-1.000 (float path 0.977-0.994), near-ties counted 0.998-
-    1.000; at 2048 (docs/benchmarks.md): 0.9893-0.9990 (tiny-falcon Q5_K_M 0.9893 and IQ4_XS
-    0.9897 are 2 and 1 positions short of 0.99, each a llama.cpp near-tie), near-ties counted
-    ≥ 0.9990;
+    agreement ≥ 0.99 with no exception (the issue's target), and ≥ 0.995 where a near-tie
+    counts as agreeing (llama.cpp's own logit for our pick within TIE = 0.5 % of its largest
+    |logit| below its top-1). The int8 path rounds as ggml does: fp16 activation scales,
+    round-half-even quants, GELU from ggml's fp16 table, and norms, RoPE, attention and SiLU in
+    ggml's order (runtime.ggml_ops; tests/runtime/test_ggml_ops.py checks layer 0 bit for bit),
+    so on Q8_0 the logits are bit-identical to llama.cpp's at most positions. The rest is not
+    traced yet; the likeliest cause is the float accumulation order of the other block types'
+    dot products (ours sums a row's blocks in another lane order). In a 6-layer model each 8-bit
+    requantization amplifies a 1-ulp difference to its rounding noise, and top-1 flips where
+    llama.cpp's top-2 are that close. Measured at 2048 positions (docs/benchmarks.md): no exception 0.9941-1.0000, near-ties
+    counted 0.9995-1.0000 (before ggml_ops: 0.9893-0.9990; the exact float path: 0.983-0.994);
   - held-out perplexity of the int8 path within 0.5 % of the float path's on the same file
-    (measured |Δ| ≤ 0.21 % at 512 tokens);
-  ``pytest -s`` prints the per-file table, ``AIOS_PRESET_TOKENS=2048`` measures more tokens;
+    (measured |Δ| ≤ 0.16 % at 2048 tokens);
+  ``pytest -s`` prints the per-file table, ``AIOS_PRESET_TOKENS=N`` measures N tokens;
 - on the bundled fixtures at Q4_K_M and Q8_0, greedy tokens equal llama.cpp's on the same
   file, up to a near-tie within llama.cpp's 8-bit activation rounding: its CPU kernels
   quantize the activations to 8-bit blocks before block dot products, which moves these
@@ -73,8 +72,8 @@ FIXTURES = ("tiny-llama", "tiny-falcon")
 IDS = list(range(5, 30))
 N_NEW = 16
 # held-out tokens (the fixtures' held-out split of pydoc_data.topics, never trained on), run in
-# windows of the fixtures' training length; AIOS_PRESET_TOKENS=2048 gives the docs table
-HELDOUT_TOKENS = int(os.environ.get("AIOS_PRESET_TOKENS", "512"))
+# windows of the fixtures' training length; the docs table is this default run
+HELDOUT_TOKENS = int(os.environ.get("AIOS_PRESET_TOKENS", "2048"))
 WINDOW = 128
 TIE = 0.005  # llama.cpp top-1 margin, as a fraction of its largest logit, below which it is a near-tie
 
@@ -227,8 +226,8 @@ def test_float_path_equals_gguf_py_dequantization(accuracy, key):
 def test_int8_top1_agrees_with_llama_cpp(accuracy, key):
     r = accuracy[key]
     assert r["positions"] == HELDOUT_TOKENS
-    assert r["top1_ties"] >= 0.99, (key, r)
-    assert r["top1"] >= 0.97, (key, r)
+    assert r["top1"] >= 0.99, (key, r)
+    assert r["top1_ties"] >= 0.995, (key, r)
 
 
 @pytest.mark.parametrize("key", FIXTURE_KEYS, ids="-".join)

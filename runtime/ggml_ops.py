@@ -1,0 +1,242 @@
+"""The int8 arithmetic's small operations, rounded as llama.cpp's CPU backend rounds them.
+
+Why this exists: the int8 path re-quantizes every activation vector to 8-bit blocks before each
+matmul, so a float32 difference of one ulp anywhere upstream flips a quant now and then, and
+one flipped quant moves the logits by ~0.5 % of the largest. With our float64 norms, RoPE and
+attention (runtime/ops.py, the float path's, closer to the exact values), llama.cpp's logits and
+ours were bit-identical for the first 7 positions of a window and parted from the 8th on: a
+LayerNorm ulp flipped a V quant there (found by dumping llama.cpp's intermediate tensors through
+its eval callback). Each function below reproduces, bit for bit, what ggml computes on an
+AVX-512 build (the one llama-cpp-python compiles on this machine), checked against those dumps:
+
+- ``layer_norm``: ggml_norm (mean from a float64 sum rounded to float32; variance from 16-lane
+  float32 squares reduced in _mm512_reduce_add_ps order, summed in float64), then the weight
+  multiply and the bias add, each rounded to float32;
+- ``rms_norm``: ggml_rms_norm(+mul): float32 squares summed in float64, x·scale·w in float32;
+- ``rope``: ggml_rope's per-position cache (float32 θ stepped by powf(base, −2/n), glibc cosf and
+  sinf, optional frequency divisors) and the rotation as the compiler emits it, with fused
+  multiply-adds: x0·c − x1·s = fma(x0, c, −(x1·s)), x0·s + x1·c = fma(x0, s, x1·c);
+- ``attention``: q·k as ggml_vec_dot_f32 (64-value FMA steps in four 16-lane accumulators, then
+  the remainder added in float32 products, not fused); softmax as ggml_soft_max_ext (×scale in
+  float32, ggml_v_expf's polynomial, 16-value chunks summed in float64, ×float32(1/sum));
+  p·V as llamafile's tinyBLAS (one 16-lane FMA accumulator per output, reduced in
+  _mm512_reduce_add_ps order);
+- ``silu_mul``: ggml_vec_swiglu_f32: x/(1 + ggml_v_expf(−x))·g on 16-value chunks, the tail with
+  glibc expf.
+
+The float path keeps runtime/ops.py. A CPU without AVX-512 runs the same arithmetic (llama.cpp's
+AVX2 build sums in 8-lane order there; the difference is a rounding, as before this module).
+Hand-written because no library reproduces ggml's rounding order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+F32 = np.float32
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a·b + c rounded once (llvm.fma.f32): the _mm512_fmadd_ps lane ggml relies on."""
+    sig = types.float32(a, b, c)
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, signature.args)]
+        return builder.call(fn, vals)
+
+    return sig, codegen
+
+
+# ggml_v_expf (AVX-512): constants as ggml writes them in hexadecimal
+_R = F32(float.fromhex("0x1.8p23"))
+_LOG2E = F32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = F32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = F32(float.fromhex("0x1.7f7d1cp-20"))
+_P5, _P4 = F32(float.fromhex("0x1.0e4020p-7")), F32(float.fromhex("0x1.573e2ep-5"))
+_P3, _P2 = F32(float.fromhex("0x1.555e66p-3")), F32(float.fromhex("0x1.fffdb6p-2"))
+_P1, _ONE = F32(float.fromhex("0x1.ffffecp-1")), F32(1.0)
+
+
+@njit(inline="always")
+def v_expf(x):
+    """exp(x) for a float32 x as one lane of ggml_v_expf."""
+    z = fma32(x, _LOG2E, _R)
+    n = z - _R
+    if abs(n) > 192:  # ggml's out-of-range lanes: 0 below, inf above (-inf in: 0 out)
+        return F32(0.0) if n <= 0 else F32(np.inf)
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    u = b * b
+    j = fma32(fma32(fma32(_P5, b, _P4), u, fma32(_P3, b, _P2)), u, fma32(_P1, b, _ONE))
+    return F32(math.ldexp(np.float64(j), int(n)))  # _mm512_scalef_ps: j·2^n, rounded once
+
+
+@njit(inline="always")
+def red16(a, s):
+    """a[s:s+16] summed as GCC's _mm512_reduce_add_ps: halves, quarters, then pairs."""
+    c0 = (a[s + 12] + a[s + 4]) + (a[s + 8] + a[s])
+    c1 = (a[s + 13] + a[s + 5]) + (a[s + 9] + a[s + 1])
+    c2 = (a[s + 14] + a[s + 6]) + (a[s + 10] + a[s + 2])
+    c3 = (a[s + 15] + a[s + 7]) + (a[s + 11] + a[s + 3])
+    return (c0 + c2) + (c1 + c3)
+
+
+@njit(cache=True)
+def layer_norm(x, w, b, eps):  # x (T, d) f32; b may be empty (no bias); eps float32
+    T, d = x.shape
+    out = np.empty((T, d), F32)
+    sq = np.empty(16, F32)
+    for t in range(T):
+        s = 0.0
+        for j in range(d):
+            s += np.float64(x[t, j])
+        mean = F32(s) / F32(d)
+        y = out[t]
+        for j in range(d):
+            y[j] = x[t, j] - mean
+        acc = 0.0
+        j = 0
+        while j + 15 < d:
+            for u in range(16):
+                sq[u] = y[j + u] * y[j + u]
+            acc += np.float64(red16(sq, 0))
+            j += 16
+        while j < d:
+            acc += np.float64(y[j] * y[j])
+            j += 1
+        var = F32(acc / d)
+        scale = F32(1.0) / F32(math.sqrt(np.float64(var + eps)))
+        for j in range(d):
+            v = (y[j] * scale) * w[j]
+            y[j] = v + b[j] if b.shape[0] else v
+    return out
+
+
+@njit(cache=True)
+def rms_norm(x, w, eps):  # x (T, d) f32, eps float32
+    T, d = x.shape
+    out = np.empty((T, d), F32)
+    for t in range(T):
+        s = 0.0
+        for j in range(d):
+            s += np.float64(x[t, j] * x[t, j])
+        scale = F32(1.0) / F32(math.sqrt(np.float64(F32(s / d) + eps)))
+        for j in range(d):
+            out[t, j] = (x[t, j] * scale) * w[j]
+    return out
+
+
+@njit(cache=True)
+def rope(x, positions, theta_scale, freq_factors, neox):
+    """x (T, H, hd) f32 rotated in place on its first 2·len(freq_factors) dims; positions int64."""
+    T, H, _ = x.shape
+    half = freq_factors.shape[0]
+    cos = np.empty(half, F32)
+    sin = np.empty(half, F32)
+    for t in range(T):
+        theta = F32(positions[t])
+        for i in range(half):
+            th = theta / freq_factors[i]
+            cos[i] = math.cos(th)  # float32 in: LLVM calls cosf / sinf
+            sin[i] = math.sin(th)
+            theta = theta * theta_scale
+        for h in range(H):
+            for i in range(half):
+                ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                x0, x1 = x[t, h, ia], x[t, h, ib]
+                x[t, h, ia] = fma32(x0, cos[i], -(x1 * sin[i]))
+                x[t, h, ib] = fma32(x0, sin[i], x1 * cos[i])
+
+
+@njit(inline="always")
+def _vec_dot(x, y, acc):  # ggml_vec_dot_f32 on AVX-512; acc (64,) float32 scratch
+    n = x.shape[0]
+    n64 = n & ~63
+    acc[:] = 0
+    for i in range(0, n64, 64):
+        for u in range(64):
+            acc[u] = fma32(x[i + u], y[i + u], acc[u])
+    for u in range(16):  # GGML_F32x16_REDUCE: (a0 + a2) + (a1 + a3), then the lane sum
+        acc[u] = (acc[u] + acc[32 + u]) + (acc[16 + u] + acc[48 + u])
+    s = red16(acc, 0)
+    for i in range(n64, n):
+        s += x[i] * y[i]
+    return s
+
+
+@njit(parallel=True, cache=True)
+def attention(q, K, V, p0, scale, window):
+    """ops.attention's contract (no softcap), rounded as llama.cpp's non-flash CPU attention.
+
+    Keys sit at their absolute positions, as in a fresh llama.cpp context, so its 16-value
+    softmax chunks and tinyBLAS lanes line up with ours."""
+    T, Hq, hd = q.shape
+    group = Hq // K.shape[1]
+    out = np.empty((T, Hq * hd), F32)
+    for th in prange(T * Hq):
+        t, h = th // Hq, th % Hq
+        kv = h // group
+        m = p0 + t + 1
+        j0 = max(0, m - window) if window > 0 else 0
+        c0, c1 = j0 // 16 * 16, (m + 15) // 16 * 16  # the 16-value chunks that hold keys j0..m-1
+        e = np.zeros(c1 - c0, F32)
+        scratch = np.empty(64, F32)
+        top = F32(-np.inf)
+        for j in range(j0, m):
+            sj = _vec_dot(q[t, h], K[j, kv], scratch) * scale
+            e[j - c0] = sj
+            top = max(top, sj)
+        for j in range(j0, m):
+            e[j - c0] = v_expf(e[j - c0] - top)
+        tot = 0.0
+        for c in range(0, c1 - c0, 16):
+            tot += np.float64(red16(e, c))
+        inv = F32(1.0 / tot)
+        for j in range(j0, m):
+            e[j - c0] = e[j - c0] * inv
+        lanes = np.zeros((hd, 16), F32)
+        for j in range(j0, m):
+            lane = j % 16
+            for d in range(hd):
+                lanes[d, lane] = fma32(e[j - c0], V[j, kv, d], lanes[d, lane])
+        for d in range(hd):
+            out[t, h * hd + d] = red16(lanes[d], 0)
+    return out
+
+
+@njit(cache=True)
+def _silu_mul(x, g):  # x, g (T, n) f32
+    T, n = x.shape
+    out = np.empty((T, n), F32)
+    n16 = n // 16 * 16
+    for t in range(T):
+        for j in range(n16):
+            v = x[t, j]
+            out[t, j] = (v / (F32(1.0) + v_expf(-v))) * g[t, j]
+        for j in range(n16, n):
+            v = x[t, j]
+            out[t, j] = (v / (F32(1.0) + F32(math.exp(-v)))) * g[t, j]  # float32 in: expf
+    return out
+
+
+def silu_mul(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """silu(x)·g as ggml_vec_swiglu_f32 (g = ones gives ggml's plain SiLU on 16-value chunks)."""
+    return _silu_mul(np.ascontiguousarray(x, F32), np.ascontiguousarray(g, F32))
+
+
+def theta_scale(base: float, n_dims: int) -> np.float32:
+    """ggml_rope's powf(freq_base, −2/n_dims), in float32."""
+    return np.power(F32(base), F32(-2.0 / n_dims))
+
+
+@njit(cache=True)
+def expf_lane(x):
+    """``v_expf`` callable from Python (tests): one float32 in, its ggml_v_expf lane out."""
+    return v_expf(x)

@@ -1,0 +1,160 @@
+"""runtime.ggml_ops: the int8 arithmetic's norms, RoPE, attention and SiLU, rounded as llama.cpp's.
+
+Two kinds of check: each function stays within float32 rounding of runtime.ops (the float path's
+versions, accumulated in float64), and on files llama.cpp itself quantized, the layer-0 tensors
+llama.cpp computes (read through its eval callback) equal ours bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import pytest
+
+from runtime import ggml_ops, ops
+
+RNG = np.random.default_rng(0)
+
+
+def test_v_expf_is_exp_within_float32_rounding():
+    x = np.linspace(-87, 88, 20001).astype(np.float32)
+    got = np.array([ggml_ops.expf_lane(v) for v in x[::7]], np.float64)
+    ref = np.exp(x[::7].astype(np.float64))
+    assert np.max(np.abs(got - ref) / ref) < 3e-7
+    assert ggml_ops.expf_lane(np.float32(0)) == 1.0
+    assert ggml_ops.expf_lane(np.float32(-np.inf)) == 0.0  # a masked score
+    assert ggml_ops.expf_lane(np.float32(-200)) == 0.0 and ggml_ops.expf_lane(np.float32(200)) == np.inf
+
+
+def test_norms_agree_with_the_float_path():
+    x = RNG.standard_normal((5, 200)).astype(np.float32) * 3 + 1
+    w = RNG.standard_normal(200).astype(np.float32)
+    b = RNG.standard_normal(200).astype(np.float32)
+    eps = 1e-5
+    for got, ref in ((ggml_ops.layer_norm(x, w, b, np.float32(eps)), ops.layer_norm(x, w, b, eps)),
+                     (ggml_ops.layer_norm(x, w, b[:0], np.float32(eps)), ops.layer_norm(x, w, b[:0], eps)),
+                     (ggml_ops.rms_norm(x, w, np.float32(eps)), ops.rms_norm(x, w, eps))):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_agrees_with_the_float_path(neox):
+    T, H, hd, dims, base = 40, 3, 64, 32, 10000.0  # partial rotary: 32 of 64 dims
+    x = RNG.standard_normal((T, H, hd)).astype(np.float32)
+    ff = np.linspace(1, 8, dims // 2).astype(np.float32)  # Llama 3.1-style frequency divisors
+    pos = np.arange(100, 100 + T)
+    got, ref = x.copy(), x.copy()
+    ggml_ops.rope(got, pos, ggml_ops.theta_scale(base, dims), ff, neox)
+    inv = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims) / ff
+    ops.rope(ref, pos.astype(np.float64), inv, neox)
+    np.testing.assert_array_equal(got[..., dims:], x[..., dims:])  # the rest passes through
+    # float32 θ stepped 16 times and taken at position ~140: a few ulp of the angle
+    np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_agrees_with_the_float_path(window):
+    T, p0, Hq, Hkv, hd = 7, 30, 4, 2, 96  # hd 96: one 64-value FMA step plus a 32-value tail
+    n = p0 + T
+    q = RNG.standard_normal((T, Hq, hd)).astype(np.float32)
+    K = RNG.standard_normal((n, Hkv, hd)).astype(np.float32)
+    V = RNG.standard_normal((n, Hkv, hd)).astype(np.float32)
+    scale = 1 / math.sqrt(hd)
+    got = ggml_ops.attention(q, K, V, p0, np.float32(scale), window)
+    ref = ops.attention(q, K, V, p0, scale, window, 0.0)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6)
+
+
+def test_silu_mul_agrees_with_silu():
+    x = RNG.standard_normal((3, 37)).astype(np.float32) * 6  # 32 on ggml_v_expf, 5 on expf
+    g = RNG.standard_normal((3, 37)).astype(np.float32)
+    ref = x.astype(np.float64) / (1 + np.exp(-x.astype(np.float64))) * g
+    np.testing.assert_allclose(ggml_ops.silu_mul(x, g), ref, rtol=1e-6, atol=1e-7)
+
+
+# --- against llama.cpp's own intermediate tensors ------------------------------------------
+class _GGMLTensor(ctypes.Structure):  # the head of ggml.h's struct ggml_tensor, up to its name
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
+
+
+def _llama_cpp_tensors(llama_cpp, path, ids, names) -> dict:
+    """The float32 tensors ``names`` (last write of each) as llama.cpp evaluates ``ids`` in one batch."""
+    from llama_cpp._internals import LlamaContext
+
+    got = {}
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def cb(t, ask, _):
+        tt = _GGMLTensor.from_address(t)
+        name = tt.name.decode()
+        if ask:
+            return name in names
+        if tt.type == 0:  # GGML_TYPE_F32
+            base = np.ctypeslib.as_array((ctypes.c_float * 1).from_address(tt.data))
+            got[name] = np.array(np.lib.stride_tricks.as_strided(base, shape=list(tt.ne)[::-1],
+                                                                  strides=list(tt.nb)[::-1]))
+        return True
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(ids), n_batch=len(ids), verbose=False,
+                          n_threads=2, type_k=0, type_v=0)
+    try:
+        llm.context_params.cb_eval = cb
+        llm._ctx.close()
+        llm._ctx = LlamaContext(model=llm._model, params=llm.context_params, verbose=False)
+        llm.reset()
+        llm.eval(list(ids))
+    finally:
+        llm.close()
+    return got
+
+
+@pytest.mark.parametrize("fixture", ["tiny-falcon", "tiny-llama"])
+def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from aios.models.aliases import FIXTURES_DIR
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from runtime.generate import load_tokenizer
+    from runtime.model import Model
+    from runtime.perplexity import heldout_ids
+    from tests.runtime.test_llamacpp_presets import quantize
+
+    f16, q8 = tmp_path / "m.f16.gguf", tmp_path / "m.Q8_0.gguf"
+    export_gguf(str(FIXTURES_DIR / fixture), f16, GGUFExportConfig("f16"))
+    quantize(f16, q8, "Q8_0")
+    ids = heldout_ids(load_tokenizer(q8, FIXTURES_DIR / fixture), 64)
+    names = {"attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0"}
+    theirs = _llama_cpp_tensors(llama_cpp, q8, ids, names)
+    assert set(theirs) == names
+
+    arithmetic("int8")
+    m = Model(q8)
+    assert m._ggml()
+    mine = {}
+    norm, attention = m._norm, ggml_ops.attention
+
+    def first_norm(x, w, b):
+        y = norm(x, w, b)
+        mine.setdefault("attn_norm-0", y)
+        return y
+
+    def attn(q, K, V, *a):
+        out = attention(q, K, V, *a)
+        for k, v in (("Qcur-0", q), ("Kcur-0", K), ("Vcur-0", V), ("kqv_out-0", out)):
+            mine.setdefault(k, np.array(v))
+        return out
+
+    m._norm = first_norm
+    ggml_ops_attention = ggml_ops.attention
+    try:
+        ggml_ops.attention = attn
+        m.forward(ids, all_logits=True)
+    finally:
+        ggml_ops.attention = ggml_ops_attention
+    for name in sorted(names):
+        np.testing.assert_array_equal(mine[name].reshape(len(ids), -1), theirs[name].reshape(len(ids), -1),
+                                      err_msg=name)
