@@ -13,7 +13,12 @@ llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to ea
 * ``eff_gb_s``: our effective weight bandwidth (the weight bytes our counter says one decode
   token reads × tokens/s) and its fraction of the machine's streaming read bandwidth, probed
   right after each of ``--rounds`` further decode rounds (best of two parallel read kernels
-  over 1 GiB, ``runtime_vs_llamacpp.stream_bandwidth``): the median of the per-round ratios;
+  over 1 GiB, 3 repetitions each, ``runtime_vs_llamacpp.stream_bandwidth``): the median of the
+  per-round ratios. ``eff_over_stream_per_step`` pairs finer: ``--tokens × --rounds`` single
+  decode steps, each followed at once by the fastest plain read of the same weight bytes in
+  the same order (``WeightProbe``), the median of the per-step ratios (on this shared machine
+  the 1 GiB probe swung 20-40 GB/s between rounds; paired per step, both see the same ~100 ms
+  and the same cache state);
 * ``rss``: peak resident memory of a fresh process that loads the file and decodes ``--tokens``
   tokens (ours, then llama.cpp's, each in its own subprocess) against the file size, and our
   load time (``Model(path)``: mmap + per-layer vectors; JIT excluded: the kernels are cached).
@@ -36,6 +41,7 @@ import collections
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
-from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, paired, stream_bandwidth  # noqa: E402
+from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, stream_bandwidth  # noqa: E402
 
 PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
 ARCHS = ("falcon-7b", "llama-3.1-8b")
@@ -98,6 +104,28 @@ def _subprocess(code: str, path: Path, tokens: int, threads: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def step_pairs(m, bpt: float, n: int) -> list[tuple[float, float]]:
+    """n greedy decode steps, each followed at once by a plain read of the same weights
+    (``WeightProbe``): [(step GB/s ÷ probe GB/s, probe GB/s)]."""
+    import numpy as np
+
+    probe = WeightProbe(m)
+    m.reset()
+    tok = int(np.argmax(m.forward(PROMPT)[-1]))
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        logits = m.forward([tok])
+        eff = bpt / (time.perf_counter() - t) / 1e9
+        p = probe()
+        out.append((eff / p, p))
+        tok = int(np.argmax(logits[-1]))
+        if m.pos + 1 >= m.hp.n_ctx:
+            m.reset()
+            m.forward(PROMPT)
+    return out
+
+
 def one_file(path: Path, preset: str, args) -> dict:
     import gguf
 
@@ -120,6 +148,7 @@ def one_file(path: Path, preset: str, args) -> dict:
     bw.sort()
     ratio_bw, eff = bw[len(bw) // 2]
     stream = eff / ratio_bw
+    steps = step_pairs(ours.m, bpt, args.tokens * args.rounds)
     del ours
     mine = _subprocess(_OURS_RSS, path, args.tokens, args.threads)
     lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads)
@@ -129,7 +158,9 @@ def one_file(path: Path, preset: str, args) -> dict:
            "ratios": p["ratios"], "ratio": p["ratio"],
            "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2),
            "stream_gb_s": round(stream, 2), "eff_over_stream": round(ratio_bw, 3),
-           "eff_over_stream_rounds": [round(r, 3) for r, _ in bw]}
+           "eff_over_stream_rounds": [round(r, 3) for r, _ in bw],
+           "eff_over_stream_per_step": round(statistics.median(r for r, _ in steps), 3),
+           "step_probe_gb_s": round(statistics.median(p for _, p in steps), 2)}
     if "peak_rss" in mine:
         row["rss"] = {"aios_run_peak": mine["peak_rss"], "aios_run_over_file": round(mine["peak_rss"] / size, 3),
                       "llama_cpp_peak": lc.get("peak_rss"), "aios_run_load_s": round(mine["load_s"], 2),
@@ -175,11 +206,11 @@ def one_arch(arch: str, args) -> list[dict]:
 def markdown(result: dict) -> str:
     """The run as a Markdown table (one row per file), as docs/benchmarks.md shows it."""
     lines = ["| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio (rounds) "
-             "| eff GB/s / stream | ours RSS / file | load s ours / llama.cpp |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| eff GB/s / stream (best probe) | eff / probe, per step | ours RSS / file | load s ours / llama.cpp |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} |||||||")
+            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} ||||||||")
             continue
         rss = r.get("rss", {})
         types = ", ".join(f"{k}×{v}" for k, v in r["types_2d"].items())
@@ -187,6 +218,7 @@ def markdown(result: dict) -> str:
             f"| {r['arch']} | {r['preset']} | {r['file_bytes'] / 2**20:.0f} | {types} | {r['tok_s']['aios_run']} "
             f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** ({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
             f"| {r['eff_gb_s']} / {r['stream_gb_s']} = {r['eff_over_stream']:.2f} "
+            f"| {r.get('eff_over_stream_per_step', '?')} "
             f"| {rss.get('aios_run_over_file', '?')} | {rss.get('aios_run_load_s', '?')} / {rss.get('llama_cpp_load_s', '?')} |")
     return "\n".join(lines)
 

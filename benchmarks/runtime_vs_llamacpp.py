@@ -90,13 +90,52 @@ def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> dict:
     A probe weaker than the code it judges would flatter the ratio, so the strongest read
     pattern available (the one the GEMV uses) is one of the probes.
     """
+    return {k: max(v) for k, v in stream_samples(nbytes, reps).items()}
+
+
+class WeightProbe:
+    """The fastest plain read of the very bytes a decode step reads, in the same order: the
+    model's matrices (each layer's, then the output head) read by the stream probe's kernel
+    (``_sum4``: rows of 2048 float32, four at a time, the next four prefetched; a matrix's
+    bytes seen as floats, the last < 32 KiB of each left out). Timed right after
+    each decode step (``presets_real_dims.step_pairs``), it sees the machine in the same ~100 ms
+    and the same cache state; a probe over its own 1 GiB array minutes away saw neither (on this
+    shared machine it swung 20-40 GB/s between rounds, and the host's 260 MB L3 keeps part of a
+    repeatedly read array)."""
+
+    def __init__(self, model) -> None:
+        mats = [p for L in model.layers for op in L.values() if hasattr(op, "parts") for p in op.parts()]
+        mats += model.output.parts()
+        seen, self.views = set(), []
+        for p in mats:
+            if id(p.data) in seen:
+                continue
+            seen.add(id(p.data))
+            flat = np.asarray(p.data).reshape(-1).view(np.uint8)
+            n = flat.nbytes // (4 * 8192) * (4 * 8192)
+            if n:
+                self.views.append(flat[:n].view(np.float32).reshape(-1, 2048))
+        self.nbytes = sum(v.nbytes for v in self.views)
+        self.ones = np.ones(2048, np.float32)
+        self()
+
+    def __call__(self) -> float:
+        """GB/s of one read of every view."""
+        t = time.perf_counter()
+        for v in self.views:
+            _sum4(v, self.ones)
+        return self.nbytes / (time.perf_counter() - t) / 1e9
+
+
+def stream_samples(nbytes: int = 1 << 30, reps: int = 5) -> dict:
+    """Every repetition's GB/s of each ``stream_bandwidth`` probe ({probe: [GB/s, ...]})."""
     a = np.ones(nbytes // 4, np.float32)
     b = a.reshape(-1, 2048)
     ones = np.ones(2048, np.float32)
     out = {}
     for name, fn in (("lanes64", lambda: _psum(a)), ("rows4_prefetch", lambda: _sum4(b, ones))):
         fn()
-        out[name] = nbytes / min(_timed(fn) for _ in range(reps)) / 1e9
+        out[name] = [nbytes / _timed(fn) / 1e9 for _ in range(reps)]
     return out
 
 
