@@ -17,7 +17,8 @@ AVX-512 build (the one llama-cpp-python compiles on this machine), checked again
   sinf, optional frequency divisors) and the rotation as the compiler emits it, with fused
   multiply-adds: x0·c − x1·s = fma(x0, c, −(x1·s)), x0·s + x1·c = fma(x0, s, x1·c);
 - ``attention``: q·k as ggml_vec_dot_f32 (64-value FMA steps in four 16-lane accumulators, then
-  the remainder added in float32 products, not fused); softmax as ggml_soft_max_ext (×scale in
+  the remainder added in float32 products, not fused); Gemma 2's cap as ggml_scale, tanhf,
+  ggml_scale; softmax as ggml_soft_max_ext (×scale in
   float32, ggml_v_expf's polynomial, 16-value chunks summed in float64, ×float32(1/sum));
   p·V as llamafile's tinyBLAS (one 16-lane FMA accumulator per output, reduced in
   _mm512_reduce_add_ps order);
@@ -172,8 +173,10 @@ def _vec_dot(x, y, acc):  # ggml_vec_dot_f32 on AVX-512; acc (64,) float32 scrat
 
 
 @njit(parallel=True, cache=True)
-def attention(q, K, V, p0, scale, window):
-    """ops.attention's contract (no softcap), rounded as llama.cpp's non-flash CPU attention.
+def attention(q, K, V, p0, scale, window, softcap):
+    """ops.attention's contract, rounded as llama.cpp's non-flash CPU attention: scores capped
+    as ggml_scale(1/cap), tanhf, ggml_scale(cap) when ``softcap`` > 0, then ×``scale`` (both
+    float32; a file whose graph pre-scales q passes q·scale and scale 1, as llama.cpp does).
 
     Keys sit at their absolute positions, as in a fresh llama.cpp context, so its 16-value
     softmax chunks and tinyBLAS lanes line up with ours."""
@@ -189,8 +192,12 @@ def attention(q, K, V, p0, scale, window):
         e = np.zeros(c1 - c0, F32)
         scratch = np.empty(64, F32)
         top = F32(-np.inf)
+        inv_cap = F32(1.0) / softcap if softcap > 0 else F32(0.0)
         for j in range(j0, m):
-            sj = _vec_dot(q[t, h], K[j, kv], scratch) * scale
+            sj = _vec_dot(q[t, h], K[j, kv], scratch)
+            if softcap > 0:
+                sj = F32(math.tanh(sj * inv_cap)) * softcap  # float32 in: tanhf
+            sj = sj * scale
             e[j - c0] = sj
             top = max(top, sj)
         for j in range(j0, m):
@@ -229,6 +236,15 @@ def _silu_mul(x, g):  # x, g (T, n) f32
 def silu_mul(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """silu(x)·g as ggml_vec_swiglu_f32 (g = ones gives ggml's plain SiLU on 16-value chunks)."""
     return _silu_mul(np.ascontiguousarray(x, F32), np.ascontiguousarray(g, F32))
+
+
+def kq_scale(scale: float) -> np.float32:
+    """The attention scale as llama.cpp computes it, 1.0f/sqrtf(float(n)), for a scale 1/√n with
+    n an integer (head size, Gemma's query_pre_attn_scalar); any other scale rounded to float32."""
+    n = round(1 / scale**2) if scale > 0 else 0
+    if n and abs(1 / math.sqrt(n) - scale) <= 1e-9 * scale:
+        return F32(1.0) / F32(math.sqrt(F32(n)))
+    return F32(scale)
 
 
 def theta_scale(base: float, n_dims: int) -> np.float32:

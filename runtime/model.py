@@ -339,9 +339,12 @@ class Model:
         self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
         window = hp.window if hp.swa_layers[layer] else 0
         kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
-        if self._ggml() and not hp.attn_softcap:
-            return ggml_ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0,
-                                      np.float32(hp.attn_scale), window)
+        if self._ggml():
+            scale = ggml_ops.kq_scale(hp.attn_scale)
+            if hp.graph.q_prescale:  # llama.cpp scales q, then runs the softmax with scale 1
+                q, scale = q * scale, np.float32(1.0)
+            return ggml_ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, scale,
+                                      window, np.float32(hp.attn_softcap or 0.0))
         return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, hp.attn_scale, window,
                              hp.attn_softcap)
 

@@ -70,6 +70,9 @@ class Architecture:
     attn_softcap_key: str | None = None  # config key of attention logit soft-capping
     final_softcap_key: str | None = None  # config key of final logit soft-capping
     embed_scale: bool = False  # embeddings multiplied by sqrt(d_model)
+    # llama.cpp multiplies q by the attention scale before q·k (softmax scale 1) instead of
+    # scaling the scores: the same math, another rounding, which the int8 path reproduces
+    q_prescale: bool = False
     sliding_window_key: str | None = None  # config key of the local-attention window
     # which layers use the window when a file gives no per-layer pattern: every layer but each
     # swa_pattern-th (llama.cpp's default for the architecture); 0 = all layers
@@ -249,6 +252,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         rope="neox",
         qk_norm=True,
         post_norms=True,
+        q_prescale=True,
         embed_scale=True,
         final_softcap_key="final_logit_softcapping",
         sliding_window_key="sliding_window",
@@ -270,6 +274,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         default_activation="gelu_pytorch_tanh",
         tied_default=True,
         post_norms=True,
+        q_prescale=True,
         attn_softcap_key="attn_logit_softcapping",
         final_softcap_key="final_logit_softcapping",
         embed_scale=True,
@@ -302,6 +307,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         fused_gate_up=True,
         shareable=("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"),
         fused_qkv=True,
+        q_prescale=True,
         rope="neox",
         sliding_window_key="sliding_window",  # llama.cpp runs phi3 without it; so does the export
         spm_control_tokens_rstrip=True,

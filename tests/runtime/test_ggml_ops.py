@@ -62,7 +62,7 @@ def test_attention_agrees_with_the_float_path(window):
     K = RNG.standard_normal((n, Hkv, hd)).astype(np.float32)
     V = RNG.standard_normal((n, Hkv, hd)).astype(np.float32)
     scale = 1 / math.sqrt(hd)
-    got = ggml_ops.attention(q, K, V, p0, np.float32(scale), window)
+    got = ggml_ops.attention(q, K, V, p0, np.float32(scale), window, np.float32(0))
     ref = ops.attention(q, K, V, p0, scale, window, 0.0)
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6)
 
@@ -113,26 +113,11 @@ def _llama_cpp_tensors(llama_cpp, path, ids, names) -> dict:
     return got
 
 
-@pytest.mark.parametrize("fixture", ["tiny-falcon", "tiny-llama"])
-def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from aios.models.aliases import FIXTURES_DIR
-    from convert.gguf import GGUFExportConfig, export_gguf
-    from runtime.generate import load_tokenizer
+def _layer0(path, ids) -> dict:
+    """Our int8 path's layer-0 tensors, named as llama.cpp's graph names them."""
     from runtime.model import Model
-    from runtime.perplexity import heldout_ids
-    from tests.runtime.test_llamacpp_presets import quantize
 
-    f16, q8 = tmp_path / "m.f16.gguf", tmp_path / "m.Q8_0.gguf"
-    export_gguf(str(FIXTURES_DIR / fixture), f16, GGUFExportConfig("f16"))
-    quantize(f16, q8, "Q8_0")
-    ids = heldout_ids(load_tokenizer(q8, FIXTURES_DIR / fixture), 64)
-    names = {"attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0"}
-    theirs = _llama_cpp_tensors(llama_cpp, q8, ids, names)
-    assert set(theirs) == names
-
-    arithmetic("int8")
-    m = Model(q8)
+    m = Model(path)
     assert m._ggml()
     mine = {}
     norm, attention = m._norm, ggml_ops.attention
@@ -149,12 +134,68 @@ def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
         return out
 
     m._norm = first_norm
-    ggml_ops_attention = ggml_ops.attention
     try:
         ggml_ops.attention = attn
         m.forward(ids, all_logits=True)
     finally:
-        ggml_ops.attention = ggml_ops_attention
-    for name in sorted(names):
+        ggml_ops.attention = attention
+    return mine
+
+
+def _assert_layer0_equal(path, ids, names=("attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0")):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs = _llama_cpp_tensors(llama_cpp, path, ids, set(names))
+    assert set(theirs) == set(names)
+    mine = _layer0(path, ids)
+    for name in names:
         np.testing.assert_array_equal(mine[name].reshape(len(ids), -1), theirs[name].reshape(len(ids), -1),
                                       err_msg=name)
+
+
+def _q8_0(src, tmp_path):
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from tests.runtime.test_llamacpp_presets import quantize
+
+    f16, q8 = tmp_path / "m.f16.gguf", tmp_path / "m.Q8_0.gguf"
+    export_gguf(str(src), f16, GGUFExportConfig("f16"))
+    quantize(f16, q8, "Q8_0")
+    return q8
+
+
+@pytest.mark.parametrize("fixture", ["tiny-falcon", "tiny-llama"])
+def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
+    pytest.importorskip("llama_cpp")
+    from aios.models.aliases import FIXTURES_DIR
+    from runtime.generate import load_tokenizer
+    from runtime.perplexity import heldout_ids
+
+    q8 = _q8_0(FIXTURES_DIR / fixture, tmp_path)
+    arithmetic("int8")
+    _assert_layer0_equal(q8, heldout_ids(load_tokenizer(q8, FIXTURES_DIR / fixture), 64))
+
+
+@pytest.mark.parametrize("kind", ["llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_layer0_equals_llama_cpp_on_other_families(kind, tmp_path, arithmetic):
+    """Random-init tiny models of the other runtime rows (Llama 3.1 RoPE factors, sliding
+    window, q/k biases, q/k norms, Gemma's scaled embeddings and norms, Gemma 2's attention
+    softcap, q scaled before q·k, fused QKV)."""
+    pytest.importorskip("llama_cpp")
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+    from tests.conftest import LLAMA3_ROPE, build_hf_model
+
+    # Mistral's window (64) is longer than the 48 tokens: llama.cpp runs a "llama" file with full
+    # attention, transformers and aios-run apply the window, so past it the two differ by design
+    extra = {"llama3": LLAMA3_ROPE, "mistral": {"sliding_window": 64}}.get(kind, {})
+    # named tiny-xyz as in test_llama_cpp_files: a general.name containing "phi3" makes
+    # llama.cpp's vocabulary loader look up Phi-3's special tokens, which this tokenizer lacks
+    src = build_hf_model(kind.replace("llama3", "llama"), tmp_path / f"tiny-{kind[:3]}", vocab_size=2048, **extra)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    q8 = _q8_0(src, tmp_path)
+    arithmetic("int8")
+    names = ["attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0"]
+    if kind.startswith("gemma"):  # its graph names q before the scaling, the scaled q not at all
+        names.remove("Qcur-0")
+    _assert_layer0_equal(q8, list(range(5, 53)), names)
