@@ -157,12 +157,12 @@ def rope(x, positions, theta_scale, freq_factors, neox):
 
 
 @njit(inline="always")
-def _vec_dot(x, y, acc):  # ggml_vec_dot_f32 on AVX-512; acc (64,) float32 scratch
+def _vec_dot(x, y, acc):  # ggml_vec_dot_f32 on AVX-512; acc (64,) float32 scratch: 4 × 16 lanes
     n = x.shape[0]
     n64 = n & ~63
     acc[:] = 0
     for i in range(0, n64, 64):
-        for u in range(64):
+        for u in range(64):  # lane-wise FMAs: LLVM vectorizes them, the order stays ggml's
             acc[u] = fma32(x[i + u], y[i + u], acc[u])
     for u in range(16):  # GGML_F32x16_REDUCE: (a0 + a2) + (a1 + a3), then the lane sum
         acc[u] = (acc[u] + acc[32 + u]) + (acc[16 + u] + acc[48 + u])
@@ -170,6 +170,16 @@ def _vec_dot(x, y, acc):  # ggml_vec_dot_f32 on AVX-512; acc (64,) float32 scrat
     for i in range(n64, n):
         s += x[i] * y[i]
     return s
+
+
+@njit(inline="always")
+def _red16_column(a, d):
+    """a[0:16, d] summed as ``red16``."""
+    c0 = (a[12, d] + a[4, d]) + (a[8, d] + a[0, d])
+    c1 = (a[13, d] + a[5, d]) + (a[9, d] + a[1, d])
+    c2 = (a[14, d] + a[6, d]) + (a[10, d] + a[2, d])
+    c3 = (a[15, d] + a[7, d]) + (a[11, d] + a[3, d])
+    return (c0 + c2) + (c1 + c3)
 
 
 @njit(parallel=True, cache=True)
@@ -193,8 +203,9 @@ def attention(q, K, V, p0, scale, window, softcap):
         scratch = np.empty(64, F32)
         top = F32(-np.inf)
         inv_cap = F32(1.0) / softcap if softcap > 0 else F32(0.0)
+        qv = q[t, h]
         for j in range(j0, m):
-            sj = _vec_dot(q[t, h], K[j, kv], scratch)
+            sj = _vec_dot(qv, K[j, kv], scratch)
             if softcap > 0:
                 sj = F32(math.tanh(sj * inv_cap)) * softcap  # float32 in: tanhf
             sj = sj * scale
@@ -206,15 +217,15 @@ def attention(q, K, V, p0, scale, window, softcap):
         for c in range(0, c1 - c0, 16):
             tot += np.float64(red16(e, c))
         inv = F32(1.0 / tot)
+        lanes = np.zeros((16, hd), F32)  # tinyBLAS: key j accumulates in lane j % 16
         for j in range(j0, m):
-            e[j - c0] = e[j - c0] * inv
-        lanes = np.zeros((hd, 16), F32)
-        for j in range(j0, m):
-            lane = j % 16
+            pj = e[j - c0] * inv
+            row = lanes[j % 16]
+            vj = V[j, kv]
             for d in range(hd):
-                lanes[d, lane] = fma32(e[j - c0], V[j, kv, d], lanes[d, lane])
+                row[d] = fma32(pj, vj[d], row[d])
         for d in range(hd):
-            out[t, h * hd + d] = red16(lanes[d], 0)
+            out[t, h * hd + d] = _red16_column(lanes, d)
     return out
 
 
