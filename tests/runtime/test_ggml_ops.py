@@ -176,11 +176,12 @@ def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
     _assert_layer0_equal(q8, heldout_ids(load_tokenizer(q8, FIXTURES_DIR / fixture), 64))
 
 
-@pytest.mark.parametrize("kind", ["llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("kind", ["llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "falcon-new-decoder", "gpt2"])
 def test_layer0_equals_llama_cpp_on_other_families(kind, tmp_path, arithmetic):
     """Random-init tiny models of the other runtime rows (Llama 3.1 RoPE factors, sliding
     window, q/k biases, q/k norms, Gemma's scaled embeddings and norms, Gemma 2's attention
-    softcap, q scaled before q·k, fused QKV)."""
+    softcap, q scaled before q·k, fused QKV, Falcon-40B's GQA with its second norm, GPT-2's
+    learned positions and biased LayerNorm)."""
     pytest.importorskip("llama_cpp")
     import shutil
 
