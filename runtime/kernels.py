@@ -663,8 +663,27 @@ def _dot4_b32_int_codegen(fmt):
                 else:
                     isum = _idot_u8s8(builder, *operands(w, x), how)
                 sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, lanes))
-                accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
+                if fmt == "q8_0":  # ggml's order: block u, then u+1, fused into the same 8 lanes
+                    accs = fma8_blocks(accs, j, builder.sitofp(isum, V16F), sc, 2)
+                else:
+                    accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
             return accs
+
+        def fma8_blocks(accs, j, p, sc, nblocks):
+            # Q8_0 as ggml sums it (vec_dot_q8_0_q8_0 and tinyBLAS alike): per block, 8 lanes of
+            # 4-product integer sums, acc = fma(d_w·d_x, lanes, acc) block after block, one 8-lane
+            # accumulator (kept in lanes 0-7 of ours; lanes 8-15 stay 0), reduced by _hsum's tree
+            # as hsum_float_8 does. Pairs summed 16 lanes wide gave another rounding.
+            v8 = ir.VectorType(F32, 8)
+            mod = builder.module
+            fma = mod.globals.get("llvm.fma.v8f32") or ir.Function(mod, ir.FunctionType(v8, [v8] * 3), "llvm.fma.v8f32")
+            acc = builder.extract_value(accs, j)
+            a8 = builder.shuffle_vector(acc, acc, _c(ir.VectorType(I32, 8), list(range(8))))
+            for k in range(nblocks):
+                idx = _c(ir.VectorType(I32, 8), list(range(8 * k, 8 * k + 8)))
+                a8 = builder.call(fma, [builder.shuffle_vector(p, p, idx), builder.shuffle_vector(sc, sc, idx), a8])
+            wide = builder.shuffle_vector(a8, _c(v8, [0.0] * 8), _c(V16I32, list(range(16))))
+            return builder.insert_value(accs, wide, j)
 
         def chunk(c, accs):
             b0 = builder.mul(c, _c(ity, chunk_blocks))
@@ -703,7 +722,10 @@ def _dot4_b32_int_codegen(fmt):
                 w = _concat(builder, _b32_quants(builder, fmt, ws[j], base, offset=False), z32)
                 isum = _idot_u8s8(builder, *operands(w, x), how)
                 sc = _splat(builder, builder.fmul(_f16_at(builder, ws[j], base), dx, flags=FAST), 16)
-                accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
+                if fmt == "q8_0":
+                    accs = fma8_blocks(accs, j, builder.sitofp(isum, V16F), sc, 1)
+                else:
+                    accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
                 if shifted:
                     t = builder.fmul(shift_w(j, base), builder.load(builder.gep(xs, [blk])), flags=FAST)
                     accs = add_to(accs, ROWS + j, builder.insert_element(zero16, t, _c(I32, 0)))

@@ -12,6 +12,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from runtime.ggml_ops import fma32
+
 
 @njit(cache=True)
 def rms_norm(x, w, eps):  # x (T, d) f32, w (d,) f32 -> (T, d) f32
@@ -106,18 +108,33 @@ def attention(q, K, V, p0, scale, window, softcap):
 # ggml computes GELU on the CPU as the tanh approximation looked up in a table with one fp16
 # result per fp16 input (ggml_vec_gelu_f32 with GGML_GELU_FP16: x ≤ −10 → 0, x ≥ 10 → x, else
 # table[fp16(x)]), for HF "gelu" (erf) checkpoints such as Falcon too. The int8 path reproduces
-# llama.cpp's arithmetic, so it uses the same table; numpy does the fp16 rounding (numba has no
-# float16), which is round-to-nearest-even like the F16C conversion ggml uses.
+# llama.cpp's arithmetic, so it uses the same table, built as ggml builds it: ggml_gelu_f32 in
+# float32 with glibc's tanhf (numba's math.tanh on a float32 calls it; numpy's own float32 tanh
+# differs by an ulp often enough to move 235 of the table's fp16 entries) and GCC's fused
+# multiply-add. numpy does the fp16
+# rounding (numba has no float16), which is round-to-nearest-even like the F16C conversion.
 _GELU_TABLE: list[np.ndarray] = []
+_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+_GELU_COEF_A = np.float32(0.044715)
+
+
+@njit(cache=True)
+def _gelu_f32(h):  # ggml_gelu_f32 on every element, float32 throughout
+    out = np.empty_like(h)
+    for i in range(h.shape[0]):
+        x = h[i]
+        # GCC contracts 1.0f + GELU_COEF_A*x*x into one fused multiply-add (it moves one entry
+        # of the table, at x = −1.999, found against llama.cpp's GELU output)
+        inner = fma32(_GELU_COEF_A * x, x, np.float32(1.0))
+        out[i] = np.float32(0.5) * x * (np.float32(1.0) + math.tanh(_SQRT_2_OVER_PI * x * inner))
+    return out
 
 
 def _gelu_table() -> np.ndarray:
     if not _GELU_TABLE:
         h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
-            g = np.float32(0.5) * h * (np.float32(1) + np.tanh(
-                np.float32(math.sqrt(2 / math.pi)) * h * (np.float32(1) + np.float32(0.044715) * h * h)))
-        _GELU_TABLE.append(g.astype(np.float16).astype(np.float32))
+            _GELU_TABLE.append(_gelu_f32(h).astype(np.float16).astype(np.float32))
     return _GELU_TABLE[0]
 
 
