@@ -66,14 +66,14 @@ def vec_dot_f32(typingctx, x, y):
     sig = types.float32(x, y)
 
     def codegen(context, builder, signature, args):
-        from runtime.kernels import _data, _loop
+        from runtime.kernels import array_data, ir_loop
 
         f, v16 = ir.FloatType(), ir.VectorType(ir.FloatType(), 16)
         i32 = ir.IntType(32)
         mod = builder.module
         fma = mod.globals.get("llvm.fma.v16f32") or ir.Function(mod, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
         xa = context.make_array(signature.args[0])(context, builder, args[0])
-        px, py = _data(context, builder, signature.args[0], args[0]), _data(context, builder, signature.args[1], args[1])
+        px, py = (array_data(context, builder, signature.args[k], args[k]) for k in range(2))
         n = builder.extract_value(xa.shape, 0)
         ity = n.type
         steps = builder.sdiv(n, ir.Constant(ity, 64))
@@ -91,7 +91,7 @@ def vec_dot_f32(typingctx, x, y):
                 accs = builder.insert_value(accs, acc, a)
             return accs
 
-        accs = _loop(builder, steps, acc0, step)
+        accs = ir_loop(builder, steps, acc0, step)
         a = [builder.extract_value(accs, k) for k in range(4)]
         v = builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))
 
@@ -108,7 +108,7 @@ def vec_dot_f32(typingctx, x, y):
             yi = builder.load(builder.gep(py, [i]))
             return builder.fadd(s, builder.fmul(xi, yi))
 
-        return _loop(builder, n, s0, tail, start=builder.mul(steps, ir.Constant(ity, 64)))
+        return ir_loop(builder, n, s0, tail, start=builder.mul(steps, ir.Constant(ity, 64)))
 
     return sig, codegen
 

@@ -221,6 +221,10 @@ def _data(context, builder, ty, val):
     return context.make_array(ty)(context, builder, val).data
 
 
+# the two IR helpers runtime.ggml_ops builds its vec_dot_f32 intrinsic with, under public names
+array_data, ir_loop = _data, _loop
+
+
 def _zeros_struct(k):
     z = _c(V32F, [0.0] * 32)
     return ir.Constant(ir.LiteralStructType([V32F] * k), [z] * k)
