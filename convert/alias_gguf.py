@@ -97,6 +97,14 @@ def _dealiased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def check_sparse_down_layout(handle: ModelHandle) -> None:
+    """--sparse-down's refusal, as aios-convert gguf --sparse-down refuses it: a model whose down
+    projections are stored with a layout transpose (GPT-2's Conv1D) has no neuron-major file."""
+    if handle.arch.transposed_linear:
+        raise UsageError(f"--sparse-down is not available for {handle.arch.name} (its Conv1D down projections "
+                         "are stored with a layout transpose); export the aliased GGUF without it.")
+
+
 def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str,
              sparse_down: bool = False) -> ExportResult:
     if not handle.arch.runtime:
@@ -104,9 +112,8 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
             f"Aliased GGUF export supports falcon and llama-family models (what aios-run runs); "
             f"'{handle.arch.name}' can still be exported with --dealias.")
     check_exportable(handle)  # same acceptance rules as aios-convert gguf
-    if sparse_down and handle.arch.transposed_linear:  # as aios-convert gguf --sparse-down refuses it
-        raise UsageError(f"--sparse-down is not available for {handle.arch.name} (its Conv1D down projections "
-                         "are stored with a layout transpose); export the aliased GGUF without it.")
+    if sparse_down:
+        check_sparse_down_layout(handle)
     # the standard tensors, planned exactly as aios-convert gguf plans them, plus the groups
     plan = ExportPlan(handle, outtype, plan_tensors(handle, outtype, exclude=af.stored_alias_names(groups)))
     if sparse_down:

@@ -77,6 +77,11 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
         return None
     _check_sparse_down(sparse_down, gguf)
     if sparse_down:  # alias without the aliased GGUF, then export it neuron-major from the written folder
+        from aios.models import ModelHandle, resolve_model
+        from convert.alias_gguf import check_sparse_down_layout
+
+        # refused before minutes of aliasing, not after them
+        check_sparse_down_layout(model if isinstance(model, ModelHandle) else resolve_model(str(model)))
         result = run_alias(model, out, zones=zones, delta=delta, canonical=canonical, types=types,
                            min_cosine=min_cosine, budget_ppl=budget_ppl, train=train, steps=steps, lam=lam,
                            lr=lr, delta_norm=delta_norm, gguf=None, dealias=dealias, outtype=outtype,

@@ -41,10 +41,19 @@ class _LogitsOnCpu(torch.nn.Module):
 
 
 def heldout_perplexity(model: torch.nn.Module, heldout: TokenSet) -> float:
-    """Held-out perplexity by the fixtures' protocol (stride-128 windows, exp mean NLL)."""
+    """Held-out perplexity by the fixtures' protocol (stride-128 windows, exp mean NLL); a model
+    whose positions end sooner (GPT-2's learned table, ``n_positions`` < 128) gets windows of its
+    own length, where 128-token windows used to crash in its position embedding."""
+    seq_len = fixture_recipe.SEQ_LEN
+    cfg = getattr(model, "config", None)
+    for key in ("n_positions", "max_position_embeddings"):
+        n = getattr(cfg, key, None)
+        if isinstance(n, int) and n > 1:
+            seq_len = min(seq_len, n)
+            break
     if next(model.parameters()).device.type != "cpu":
         model = _LogitsOnCpu(model)
-    return float(fixture_recipe.heldout_perplexity(model, heldout.ids))
+    return float(fixture_recipe.heldout_perplexity(model, heldout.ids, seq_len=seq_len))
 
 
 def exact_zero_activity(handle: ModelHandle, model: torch.nn.Module, tokenizer,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -328,3 +329,22 @@ def test_no_groups_writes_the_folder_and_says_why_no_gguf(tmp_path, sparse_down)
     text = " ".join(r.output.split())
     assert "no alias groups formed" in text and "run aios-convert alias on it first" not in text
     assert not (tmp_path / "a.gguf").exists() and (tmp_path / "out" / af.SIDECAR).is_file()
+
+
+def test_gpt2_aliases_with_its_short_position_table_and_refuses_sparse_down_first(tmp_path):
+    """A GPT-2 whose learned positions end at 64 (< the 128-token perplexity windows) aliases:
+    its held-out perplexity is measured in windows of its own length (128 crashed in the position
+    embedding, a traceback). ``--sparse-down`` with ``--gguf`` is refused before any aliasing:
+    its Conv1D down projections have no neuron-major layout; nothing is written."""
+    from tests.conftest import build_hf_model
+
+    src = build_hf_model("gpt2", tmp_path / "tiny-gpt", vocab_size=2048, n_layer=4)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    argv = ["alias", str(src), "-o", str(tmp_path / "out"), "--zones", "core", "--min-cosine", "0"]
+    r = CliRunner().invoke(main, argv + ["--gguf", str(tmp_path / "a.gguf"), "--sparse-down"])
+    assert r.exit_code == 2 and "--sparse-down is not available for gpt2" in " ".join(r.output.split())
+    assert not (tmp_path / "out").exists() and not (tmp_path / "a.gguf").exists()
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0, r.output
+    assert "held-out perplexity (measured)" in r.output and (tmp_path / "out" / af.SIDECAR).is_file()
