@@ -15,10 +15,15 @@ llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to ea
   right after each of ``--rounds`` further decode rounds (best of two parallel read kernels
   over 1 GiB, 3 repetitions each, ``runtime_vs_llamacpp.stream_bandwidth``): the median of the
   per-round ratios. ``eff_over_stream_per_step`` pairs finer: ``--tokens × --rounds`` single
-  decode steps, each followed at once by the fastest plain read of the same weight bytes in
-  the same order (``WeightProbe``), the median of the per-step ratios (on this shared machine
-  the 1 GiB probe swung 20-40 GB/s between rounds; paired per step, both see the same ~100 ms
-  and the same cache state);
+  decode steps, each paired with the fastest plain read of the same weight bytes in the same
+  order (``WeightProbe``) just before or just after it, alternately: the median of the
+  per-step ratios, and its quartiles (on this shared machine the 1 GiB probe swung 20-40 GB/s
+  between rounds; paired per step, both see the same ~100 ms and the same cache state).
+  ``eff_over_array_per_step`` pairs each step the same way with a read of a 1 GiB anonymous
+  array: on this VM the file's page-cache pages read up to ~20 % slower than freshly
+  allocated anonymous memory with the same kernel (depending on which physical pages the page
+  cache holds: 0.80 before and 0.91 after dropping and re-reading the file), so this column is
+  the stricter one;
 * ``rss``: peak resident memory of a fresh process that loads the file and decodes ``--tokens``
   tokens (ours, then llama.cpp's, each in its own subprocess) against the file size, and our
   load time (``Model(path)``: mmap + per-layer vectors; JIT excluded: the kernels are cached).
@@ -53,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
-from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, stream_bandwidth  # noqa: E402
+from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, stream_bandwidth, sum4  # noqa: E402
 
 PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
 ARCHS = ("falcon-7b", "llama-3.1-8b")
@@ -104,26 +109,49 @@ def _subprocess(code: str, path: Path, tokens: int, threads: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def step_pairs(m, bpt: float, n: int) -> list[tuple[float, float]]:
-    """n greedy decode steps, each followed at once by a plain read of the same weights
-    (``WeightProbe``): [(step GB/s ÷ probe GB/s, probe GB/s)]."""
+def step_pairs(m, bpt: float, n: int) -> list[tuple[float, float, float]]:
+    """n greedy decode steps, each paired with two plain reads: of the same weights
+    (``WeightProbe``: the same pages, in the same order) and of a 1 GiB anonymous array (the
+    stream probe's fastest kernel), right before or right after the step, alternately (so a
+    read that runs faster or slower for coming second, e.g. on cache left by the first, biases
+    neither side): [(step GB/s ÷ same-pages GB/s, same-pages GB/s, step GB/s ÷ array GB/s)]."""
     import numpy as np
 
     probe = WeightProbe(m)
+    anon = np.ones((1 << 30) // 4, np.float32).reshape(-1, 2048)
+    ones = np.ones(2048, np.float32)
+    sum4(anon, ones)
+
+    def array() -> float:
+        t = time.perf_counter()
+        sum4(anon, ones)
+        return anon.nbytes / (time.perf_counter() - t) / 1e9
+
     m.reset()
     tok = int(np.argmax(m.forward(PROMPT)[-1]))
     out = []
-    for _ in range(n):
+    for s in range(n):
+        if s % 2:  # the same-pages read next to the step either way, the array read outside it
+            a = array()
+            p = probe()
         t = time.perf_counter()
         logits = m.forward([tok])
         eff = bpt / (time.perf_counter() - t) / 1e9
-        p = probe()
-        out.append((eff / p, p))
+        if not s % 2:
+            p = probe()
+            a = array()
+        out.append((eff / p, p, eff / a))
         tok = int(np.argmax(logits[-1]))
         if m.pos + 1 >= m.hp.n_ctx:
             m.reset()
             m.forward(PROMPT)
     return out
+
+
+def quartiles(xs) -> list[float]:
+    """[first quartile, median, third quartile] of ``xs``, rounded to 3 places."""
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return [round(v, 3) for v in q]
 
 
 def one_file(path: Path, preset: str, args) -> dict:
@@ -159,8 +187,11 @@ def one_file(path: Path, preset: str, args) -> dict:
            "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2),
            "stream_gb_s": round(stream, 2), "eff_over_stream": round(ratio_bw, 3),
            "eff_over_stream_rounds": [round(r, 3) for r, _ in bw],
-           "eff_over_stream_per_step": round(statistics.median(r for r, _ in steps), 3),
-           "step_probe_gb_s": round(statistics.median(p for _, p in steps), 2)}
+           "eff_over_stream_per_step": round(statistics.median(r for r, _, _ in steps), 3),
+           "eff_over_stream_per_step_quartiles": quartiles([r for r, _, _ in steps]),
+           "step_probe_gb_s": round(statistics.median(p for _, p, _ in steps), 2),
+           "eff_over_array_per_step": round(statistics.median(a for _, _, a in steps), 3),
+           "eff_over_array_per_step_quartiles": quartiles([a for _, _, a in steps])}
     if "peak_rss" in mine:
         row["rss"] = {"aios_run_peak": mine["peak_rss"], "aios_run_over_file": round(mine["peak_rss"] / size, 3),
                       "llama_cpp_peak": lc.get("peak_rss"), "aios_run_load_s": round(mine["load_s"], 2),
@@ -203,14 +234,20 @@ def one_arch(arch: str, args) -> list[dict]:
     return rows
 
 
+def _quartiles(r: dict, key: str = "eff_over_stream_per_step_quartiles") -> str:
+    q = r.get(key)
+    return f"({q[0]:.2f}–{q[2]:.2f}) " if q else ""
+
+
 def markdown(result: dict) -> str:
     """The run as a Markdown table (one row per file), as docs/benchmarks.md shows it."""
-    lines = ["| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio (rounds) "
-             "| eff GB/s / stream (best probe) | eff / probe, per step | ours RSS / file | load s ours / llama.cpp |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ("| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio (rounds) "
+            "| eff GB/s / stream (best probe) | eff / same pages, per step (quartiles) "
+            "| eff / 1 GiB array, per step (quartiles) | ours RSS / file | load s ours / llama.cpp |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} ||||||||")
+            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} |||||||||")
             continue
         rss = r.get("rss", {})
         types = ", ".join(f"{k}×{v}" for k, v in r["types_2d"].items())
@@ -218,7 +255,8 @@ def markdown(result: dict) -> str:
             f"| {r['arch']} | {r['preset']} | {r['file_bytes'] / 2**20:.0f} | {types} | {r['tok_s']['aios_run']} "
             f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** ({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
             f"| {r['eff_gb_s']} / {r['stream_gb_s']} = {r['eff_over_stream']:.2f} "
-            f"| {r.get('eff_over_stream_per_step', '?')} "
+            f"| {r.get('eff_over_stream_per_step', '?')} {_quartiles(r)}"
+            f"| {r.get('eff_over_array_per_step', '?')} {_quartiles(r, 'eff_over_array_per_step_quartiles')}"
             f"| {rss.get('aios_run_over_file', '?')} | {rss.get('aios_run_load_s', '?')} / {rss.get('llama_cpp_load_s', '?')} |")
     return "\n".join(lines)
 

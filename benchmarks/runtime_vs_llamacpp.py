@@ -71,7 +71,7 @@ def _psum(a):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _sum4(b, ones):
+def sum4(b, ones):
     # four rows at a time with the next four prefetched: the runtime's GEMV access pattern
     # without its multiplications, i.e. the fastest read this code knows how to issue
     n, k = b.shape
@@ -96,7 +96,7 @@ def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> dict:
 class WeightProbe:
     """The fastest plain read of the very bytes a decode step reads, in the same order: the
     model's matrices (each layer's, then the output head) read by the stream probe's kernel
-    (``_sum4``: rows of 2048 float32, four at a time, the next four prefetched; a matrix's
+    (``sum4``: rows of 2048 float32, four at a time, the next four prefetched; a matrix's
     bytes seen as floats, the last < 32 KiB of each left out). Timed right after
     each decode step (``presets_real_dims.step_pairs``), it sees the machine in the same ~100 ms
     and the same cache state; a probe over its own 1 GiB array minutes away saw neither (on this
@@ -123,7 +123,7 @@ class WeightProbe:
         """GB/s of one read of every view."""
         t = time.perf_counter()
         for v in self.views:
-            _sum4(v, self.ones)
+            sum4(v, self.ones)
         return self.nbytes / (time.perf_counter() - t) / 1e9
 
 
@@ -133,7 +133,7 @@ def stream_samples(nbytes: int = 1 << 30, reps: int = 5) -> dict:
     b = a.reshape(-1, 2048)
     ones = np.ones(2048, np.float32)
     out = {}
-    for name, fn in (("lanes64", lambda: _psum(a)), ("rows4_prefetch", lambda: _sum4(b, ones))):
+    for name, fn in (("lanes64", lambda: _psum(a)), ("rows4_prefetch", lambda: sum4(b, ones))):
         fn()
         out[name] = [nbytes / _timed(fn) / 1e9 for _ in range(reps)]
     return out
