@@ -232,7 +232,7 @@ def attention(q, K, V, p0, scale, window, softcap):
     Keys sit at their absolute positions, as in a fresh llama.cpp context, so its 16-value
     softmax chunks and tinyBLAS lanes line up with ours."""
     T, Hq, hd = q.shape
-    group = Hq // K.shape[1]
+    group = Hq // K.shape[0]  # K, V (Hkv, n, hd) as ops.attention takes them
     out = np.empty((T, Hq * hd), F32)
     for th in prange(T * Hq):
         t, h = th // Hq, th % Hq
@@ -245,7 +245,7 @@ def attention(q, K, V, p0, scale, window, softcap):
         inv_cap = F32(1.0) / softcap if softcap > 0 else F32(0.0)
         qv = q[t, h]
         for j in range(j0, m):
-            sj = vec_dot_f32(qv, K[j, kv])
+            sj = vec_dot_f32(qv, K[kv, j])
             if softcap > 0:
                 sj = F32(math.tanh(sj * inv_cap)) * softcap  # float32 in: tanhf
             sj = sj * scale
@@ -261,7 +261,7 @@ def attention(q, K, V, p0, scale, window, softcap):
         for j in range(j0, m):
             pj = e[j - c0] * inv
             row = lanes[j % 16]
-            vj = V[j, kv]
+            vj = V[kv, j]
             for d in range(hd):
                 row[d] = fma32(pj, vj[d], row[d])
         for d in range(hd):

@@ -331,6 +331,77 @@ def _axpy4(kind):
 axpy4_f32, axpy4_f16, axpy4_bf16 = _axpy4("f32"), _axpy4("f16"), _axpy4("bf16")
 
 
+# --- attention's inner products over flat arrays: the float path's (runtime/ops.attention) --------
+# Element offsets into 1-D arrays instead of row views: a view made per key costs two atomic
+# reference-count updates, more than the 128 multiply-adds it feeds; and numba does not
+# vectorize its own loop over a float64 accumulator row (it cannot rule out aliasing).
+@intrinsic
+def dot_f32_at(typingctx, x, xo, y, yo, n):
+    """Σ x[xo+i]·y[yo+i] for i < n, float32: 16-lane products summed per lane, then the lanes
+    halved pairwise; the last n % 16 products added one by one."""
+    sig = types.float32(x, xo, y, yo, n)
+
+    def codegen(context, builder, signature, args):
+        v16 = ir.VectorType(F32, 16)
+        px, py = _data(context, builder, signature.args[0], args[0]), _data(context, builder, signature.args[2], args[2])
+        xo_, yo_, n_ = args[1], args[3], args[4]
+        ity = n_.type
+        steps = builder.sdiv(n_, _c(ity, 16))
+
+        def step(i, acc):
+            k = builder.mul(i, _c(ity, 16))
+            prod = builder.fmul(_vload(builder, px, builder.add(xo_, k), v16, 4),
+                                _vload(builder, py, builder.add(yo_, k), v16, 4), flags=FAST)
+            return builder.fadd(acc, prod, flags=FAST)
+
+        total = _hsum(builder, _loop(builder, steps, _c(v16, [0.0] * 16), step))
+
+        def tail(i, acc):
+            a = builder.load(builder.gep(px, [builder.add(xo_, i)]))
+            b = builder.load(builder.gep(py, [builder.add(yo_, i)]))
+            return builder.fadd(acc, builder.fmul(a, b, flags=FAST), flags=FAST)
+
+        return _loop(builder, n_, total, tail, start=builder.mul(steps, _c(ity, 16)))
+
+    return sig, codegen
+
+
+@intrinsic
+def axpy_f64_at(typingctx, o, oo, w, v, vo, n):
+    """o[oo+i] += w·v[vo+i] for i < n: o float64, v float32 widened exactly, 8 lanes at a time."""
+    sig = types.void(o, oo, w, v, vo, n)
+
+    def codegen(context, builder, signature, args):
+        f64 = ir.DoubleType()
+        v8d, v8f = ir.VectorType(f64, 8), ir.VectorType(F32, 8)
+        po, pv = _data(context, builder, signature.args[0], args[0]), _data(context, builder, signature.args[3], args[3])
+        oo_, vo_, n_ = args[1], args[4], args[5]
+        ity = n_.type
+        w = context.cast(builder, args[2], signature.args[2], types.float64)
+        ws = _splat(builder, w, 8)
+        steps = builder.sdiv(n_, _c(ity, 8))
+
+        def step(i, carry):
+            k = builder.mul(i, _c(ity, 8))
+            at = builder.add(oo_, k)
+            x = builder.fpext(_vload(builder, pv, builder.add(vo_, k), v8f, 4), v8d)
+            _vstore(builder, builder.fadd(_vload(builder, po, at, v8d, 8), builder.fmul(ws, x)), po, at, 8)
+            return carry
+
+        _loop(builder, steps, _c(I32, 0), step)
+
+        def tail(i, carry):
+            p = builder.gep(po, [builder.add(oo_, i)])
+            x = builder.fpext(builder.load(builder.gep(pv, [builder.add(vo_, i)])), f64)
+            builder.store(builder.fadd(builder.load(p), builder.fmul(w, x)), p)
+            return carry
+
+        _loop(builder, n_, _c(I32, 0), tail, start=builder.mul(steps, _c(ity, 8)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # --- 32-value block formats, read in place: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL -------------
 # A row is the file's bytes: nb interleaved ggml blocks, each an fp16 d (and Q4_1/Q5_1 an fp16
 # minimum m) before its quants, so nothing is copied at load. A block decodes to one

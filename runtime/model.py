@@ -224,7 +224,9 @@ class Model:
             from runtime import predictor as P
 
             self.predictor = P.load(predictor or P.default_path(self.path), self)
-        self.k_cache = np.zeros((hp.n_layers, hp.n_ctx, hp.n_kv, hp.head_dim), np.float32)
+        # head-major (layer, KV head, position, head_dim): a head's keys are contiguous, so
+        # attention streams them (ops.attention)
+        self.k_cache = np.zeros((hp.n_layers, hp.n_kv, hp.n_ctx, hp.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
         self.pos = 0
         inv = hp.rope_base ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
@@ -331,8 +333,8 @@ class Model:
     def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
         hp, T = self.hp, q.shape[0]
         p0 = int(positions[0])
-        self.k_cache[layer, p0 : p0 + T] = k
-        self.v_cache[layer, p0 : p0 + T] = v
+        self.k_cache[layer, :, p0 : p0 + T] = k.transpose(1, 0, 2)
+        self.v_cache[layer, :, p0 : p0 + T] = v.transpose(1, 0, 2)
         n = p0 + T
         kv_row = hp.n_kv * hp.head_dim * F32
         self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
@@ -343,9 +345,9 @@ class Model:
             scale = ggml_ops.kq_scale(hp.attn_scale)
             if hp.graph.q_prescale:  # llama.cpp scales q, then runs the softmax with scale 1
                 q, scale = q * scale, np.float32(1.0)
-            return ggml_ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, scale,
+            return ggml_ops.attention(q, self.k_cache[layer], self.v_cache[layer], p0, scale,
                                       window, np.float32(hp.attn_softcap or 0.0))
-        return ops.attention(q, self.k_cache[layer, :n], self.v_cache[layer, :n], p0, hp.attn_scale, window,
+        return ops.attention(q, self.k_cache[layer], self.v_cache[layer], p0, hp.attn_scale, window,
                              hp.attn_softcap)
 
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.ggml_ops import fma32
+from runtime.kernels import axpy_f64_at, dot_f32_at
 
 
 @njit(cache=True)
@@ -64,43 +65,65 @@ def rope(x, positions, inv_freq, neox):  # x (T, H, hd) f32, rotated in place on
                 x[t, h, ib] = b * c + a * s
 
 
+HEADS_PER_ITEM = 4  # query heads of one KV head that share a pass over its keys
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def attention(q, K, V, p0, scale, window, softcap):
-    """Causal attention of q (T, Hq, hd) over K, V (n, Hkv, hd), n = p0 + T (GQA by head groups).
+    """Causal attention of q (T, Hq, hd) over the keys 0 .. p0 + T − 1 of K, V (Hkv, n, hd),
+    n ≥ p0 + T, each KV head's keys contiguous (the model's cache layout; GQA by head groups).
 
     ``scale`` multiplies q·k; ``window`` > 0 limits each query to the last ``window`` keys
     (itself included: sliding-window layers); ``softcap`` > 0 caps scores as
-    softcap·tanh(s/softcap) before the softmax (Gemma 2)."""
+    softcap·tanh(s/softcap) before the softmax (Gemma 2).
+
+    Work items are (query position, KV head, up to HEADS_PER_ITEM of its query heads): each
+    key row is read once for those heads while it is in L1, and a KV head's rows follow one
+    another in memory, so the hardware prefetcher streams them (with position-major rows,
+    4 KiB apart at 8 KV heads × 128, each row was a fresh miss: 3× slower at 2048 keys).
+    q·k sums in float32 lanes; the softmax and p·V sum in float64."""
     T, Hq, hd = q.shape
-    group = Hq // K.shape[1]
+    Hkv, cap = K.shape[0], K.shape[1]
+    group = Hq // Hkv
+    nsub = (group + HEADS_PER_ITEM - 1) // HEADS_PER_ITEM
+    qf = np.ascontiguousarray(q).reshape(-1)
+    Kf, Vf = K.reshape(-1), V.reshape(-1)
     out = np.empty((T, Hq * hd), np.float32)
-    for th in prange(T * Hq):
-        t, h = th // Hq, th % Hq
-        kv = h // group
+    for item in prange(T * Hkv * nsub):
+        t = item // (Hkv * nsub)
+        kv = (item // nsub) % Hkv
+        h0 = kv * group + (item % nsub) * HEADS_PER_ITEM
+        gs = min(HEADS_PER_ITEM, kv * group + group - h0)
         m = p0 + t + 1  # keys 0 .. p0 + t
         j0 = max(0, m - window) if window > 0 else 0
-        s = np.empty(m - j0, np.float64)
-        top = -np.inf
-        for j in range(j0, m):
-            acc = np.float32(0.0)
+        n = m - j0
+        s = np.empty((gs, n), np.float64)
+        for j in range(n):
+            ko = (kv * cap + j0 + j) * hd
+            for g in range(gs):
+                sj = dot_f32_at(qf, (t * Hq + h0 + g) * hd, Kf, ko, hd) * scale
+                if softcap > 0.0:
+                    sj = softcap * math.tanh(sj / softcap)
+                s[g, j] = sj
+        for g in range(gs):
+            top = -np.inf
+            for j in range(n):
+                top = max(top, s[g, j])
+            tot = 0.0
+            for j in range(n):
+                e = math.exp(s[g, j] - top)
+                s[g, j] = e
+                tot += e
+            for j in range(n):
+                s[g, j] /= tot
+        o = np.zeros(gs * hd, np.float64)
+        for j in range(n):
+            vo = (kv * cap + j0 + j) * hd
+            for g in range(gs):
+                axpy_f64_at(o, g * hd, s[g, j], Vf, vo, hd)
+        for g in range(gs):
             for d in range(hd):
-                acc += q[t, h, d] * K[j, kv, d]
-            sj = acc * scale
-            if softcap > 0.0:
-                sj = softcap * math.tanh(sj / softcap)
-            s[j - j0] = sj
-            top = max(top, sj)
-        tot = 0.0
-        for j in range(m - j0):
-            s[j] = math.exp(s[j] - top)
-            tot += s[j]
-        o = np.zeros(hd, np.float64)
-        for j in range(j0, m):
-            wj = s[j - j0] / tot
-            for d in range(hd):
-                o[d] += wj * V[j, kv, d]
-        for d in range(hd):
-            out[t, h * hd + d] = o[d]
+                out[t, (h0 + g) * hd + d] = o[g * hd + d]
     return out
 
 

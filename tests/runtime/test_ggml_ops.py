@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from runtime import ggml_ops, ops
+from tests.runtime.test_ops import head_major
 
 RNG = np.random.default_rng(0)
 
@@ -62,6 +63,7 @@ def test_attention_agrees_with_the_float_path(window):
     K = RNG.standard_normal((n, Hkv, hd)).astype(np.float32)
     V = RNG.standard_normal((n, Hkv, hd)).astype(np.float32)
     scale = 1 / math.sqrt(hd)
+    K, V = head_major(K), head_major(V)
     got = ggml_ops.attention(q, K, V, p0, np.float32(scale), window, np.float32(0))
     ref = ops.attention(q, K, V, p0, scale, window, 0.0)
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6)
@@ -129,6 +131,8 @@ def _layer0(path, ids) -> dict:
 
     def attn(q, K, V, *a):
         out = attention(q, K, V, *a)
+        T = q.shape[0]  # one chunk from position 0: the cache's first T positions, position-major
+        K, V = K[:, :T].transpose(1, 0, 2), V[:, :T].transpose(1, 0, 2)
         for k, v in (("Qcur-0", q), ("Kcur-0", K), ("Vcur-0", V), ("kqv_out-0", out)):
             mine.setdefault(k, np.array(v))
         return out

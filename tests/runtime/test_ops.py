@@ -66,7 +66,33 @@ def test_attention_causal_gqa(T: int, p0: int, Hq: int, Hkv: int, window: int, s
                 s = softcap * np.tanh(s / softcap)
             w = np.exp(s - s.max())
             ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ V[j0 : p0 + t + 1, kv]
-    np.testing.assert_allclose(ops.attention(q, K, V, p0, scale, window, softcap), ref, rtol=1e-5, atol=1e-5)
+    got = ops.attention(q, head_major(K), head_major(V), p0, scale, window, softcap)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def head_major(K: np.ndarray, spare: int = 3) -> np.ndarray:
+    """(n, Hkv, hd) keys as the model's cache holds them: (Hkv, n + spare, hd), the spare
+    positions NaN (a read past the last key would show)."""
+    n, Hkv, hd = K.shape
+    out = np.full((Hkv, n + spare, hd), np.nan, np.float32)
+    out[:, :n] = K.transpose(1, 0, 2)
+    return out
+
+
+@pytest.mark.parametrize("hd", [64, 128, 80, 20])  # 16-lane steps, with and without a tail
+def test_attention_long_context_matches_float64(hd: int) -> None:
+    T, p0, Hq, Hkv = 1, 700, 12, 2  # three work items of four heads per KV head
+    q = RNG.standard_normal((T, Hq, hd), dtype=np.float32)
+    K = RNG.standard_normal((p0 + T, Hkv, hd), dtype=np.float32)
+    V = RNG.standard_normal((p0 + T, Hkv, hd), dtype=np.float32)
+    # k: KV head, g: query head within its group (head k·group + g), n: key, d: dimension
+    qg = q[0].reshape(Hkv, Hq // Hkv, hd).astype(np.float64)
+    s = np.einsum("kgd,nkd->kgn", qg, K.astype(np.float64)) / math.sqrt(hd)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    ref = np.einsum("kgn,nkd->kgd", w, V.astype(np.float64)).reshape(1, Hq * hd)
+    got = ops.attention(q, head_major(K), head_major(V), p0, 1 / math.sqrt(hd), 0, 0.0)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
 
 
 def test_gelu_ggml_is_the_fp16_table_of_tanh_gelu() -> None:
