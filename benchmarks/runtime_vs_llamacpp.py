@@ -70,18 +70,24 @@ def _psum(a):
     return parts.sum()
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def sum4(b, ones):
-    # four rows at a time with the next four prefetched: the runtime's GEMV access pattern
-    # without its multiplications, i.e. the fastest read this code knows how to issue
-    n, k = b.shape
-    parts = np.zeros(n // 4, np.float32)
+@njit(parallel=True, cache=True)
+def _read4(w):  # w (n, k) uint32, k a multiple of 16
+    n, k = w.shape
+    parts = np.zeros(n // 4, np.uint32)
     for g in prange(n // 4):
         i = 4 * g
         nx = min(i + 4, n - 4)
-        s = S.dot4_f32(b[i], b[i + 1], b[i + 2], b[i + 3], b[nx], b[nx + 1], b[nx + 2], b[nx + 3], ones, k)
-        parts[g] = s[0] + s[1] + s[2] + s[3]
-    return parts.sum()
+        parts[g] = S.read4_u32(w[i], w[i + 1], w[i + 2], w[i + 3], w[nx], w[nx + 1], w[nx + 2], w[nx + 3], k)
+    return parts
+
+
+def sum4(b) -> int:
+    """One read of ``b`` (a C-contiguous array of a multiple of 32 KiB, any dtype), four rows of
+    8 KiB at a time with the next four prefetched: the runtime's GEMV access pattern without its
+    arithmetic, i.e. the fastest read this code knows how to issue. Integer ops only, so the
+    bytes of a quantized file read as fast as any others (see ``kernels.read4_u32``)."""
+    w = b.reshape(-1).view(np.uint32).reshape(-1, 2048)
+    return int(np.bitwise_xor.reduce(_read4(w)))
 
 
 def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> dict:
@@ -96,7 +102,7 @@ def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> dict:
 class WeightProbe:
     """The fastest plain read of the very bytes a decode step reads, in the same order: the
     model's matrices (each layer's, then the output head) read by the stream probe's kernel
-    (``sum4``: rows of 2048 float32, four at a time, the next four prefetched; a matrix's
+    (``sum4``: rows of 8 KiB read as integers, four at a time, the next four prefetched; a matrix's
     bytes seen as floats, the last < 32 KiB of each left out). Timed right after
     each decode step (``presets_real_dims.step_pairs``), it sees the machine in the same ~100 ms
     and the same cache state; a probe over its own 1 GiB array minutes away saw neither (on this
@@ -116,14 +122,13 @@ class WeightProbe:
             if n:
                 self.views.append(flat[:n].view(np.float32).reshape(-1, 2048))
         self.nbytes = sum(v.nbytes for v in self.views)
-        self.ones = np.ones(2048, np.float32)
         self()
 
     def __call__(self) -> float:
         """GB/s of one read of every view."""
         t = time.perf_counter()
         for v in self.views:
-            sum4(v, self.ones)
+            sum4(v)
         return self.nbytes / (time.perf_counter() - t) / 1e9
 
 
@@ -131,9 +136,8 @@ def stream_samples(nbytes: int = 1 << 30, reps: int = 5) -> dict:
     """Every repetition's GB/s of each ``stream_bandwidth`` probe ({probe: [GB/s, ...]})."""
     a = np.ones(nbytes // 4, np.float32)
     b = a.reshape(-1, 2048)
-    ones = np.ones(2048, np.float32)
     out = {}
-    for name, fn in (("lanes64", lambda: _psum(a)), ("rows4_prefetch", lambda: sum4(b, ones))):
+    for name, fn in (("lanes64", lambda: _psum(a)), ("rows4_prefetch", lambda: sum4(b))):
         fn()
         out[name] = [nbytes / _timed(fn) / 1e9 for _ in range(reps)]
     return out

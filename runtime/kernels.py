@@ -291,6 +291,36 @@ def _dot4(kind):
 dot4_f32, dot4_f16, dot4_bf16 = _dot4("f32"), _dot4("f16"), _dot4("bf16")
 
 
+def _read4_codegen(context, builder, sig, args):
+    # args: w0..w3 (rows of uint32), p0..p3 (rows to prefetch), n (a multiple of 16)
+    v16 = ir.VectorType(I32, 16)
+    ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+    ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+    n = args[2 * ROWS]
+
+    def body(i, acc):
+        off = builder.mul(i, _c(n.type, 16))
+        for j in range(ROWS):
+            _prefetch_lines(builder, ps[j], off, 1)
+            acc = builder.xor(acc, _vload(builder, ws[j], off, v16, 4))
+        return acc
+
+    acc = _loop(builder, builder.sdiv(n, _c(n.type, 16)), _c(v16, [0] * 16), body)
+    out = builder.extract_element(acc, _c(I32, 0))
+    for k in range(1, 16):
+        out = builder.xor(out, builder.extract_element(acc, _c(I32, k)))
+    return out
+
+
+@intrinsic
+def read4_u32(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, n):
+    """The benchmarks' memory probe: dot4's access pattern (four rows, 64 bytes of each per
+    step, the next rows' lines prefetched) with the values xor-folded as integers. No floating
+    point: weight bytes read as floats hold denormals (0.7 % of a Q6_K file's words), whose
+    microcode assists made a float probe read such a file 1.5× slower than memory allows."""
+    return types.uint32(w0, w1, w2, w3, p0, p1, p2, p3, n), _read4_codegen
+
+
 def _axpy4_codegen(kind):
     load, lines = _FLOAT_ROWS[kind]
 
