@@ -5,8 +5,8 @@ the pages the kernel's page cache holds for that file, not that of a freshly all
 On a VM the two differ, and by how much depends on where the pages sit physically (measured
 here: 0.80-1.00). This script reads up to ``--gib`` GiB of FILE through a read-only mapping and
 as many bytes of a fresh anonymous array, alternately for ``--rounds`` rounds, with the stream
-probe's kernel (``runtime_vs_llamacpp.sum4``: rows of 8 KiB read as integers, four at a time, the next
-four prefetched), and prints the medians, their ratio, and how much of the mapping is
+probe's kernel (``runtime_vs_llamacpp.sum4``: rows of 8 KiB read as integers, four at a time, each
+prefetched ahead), and prints the medians, their ratio, and how much of the mapping is
 PMD-mapped (2 MiB pages) according to /proc/self/smaps_rollup.
 
     python benchmarks/page_cache_read.py FILE [--gib 1] [--rounds 10] [--drop]

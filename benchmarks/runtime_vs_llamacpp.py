@@ -76,14 +76,13 @@ def _read4(w):  # w (n, k) uint32, k a multiple of 16
     parts = np.zeros(n // 4, np.uint32)
     for g in prange(n // 4):
         i = 4 * g
-        nx = min(i + 4, n - 4)
-        parts[g] = S.read4_u32(w[i], w[i + 1], w[i + 2], w[i + 3], w[nx], w[nx + 1], w[nx + 2], w[nx + 3], k)
+        parts[g] = S.read4_u32(w[i], w[i + 1], w[i + 2], w[i + 3], k)
     return parts
 
 
 def sum4(b) -> int:
     """One read of ``b`` (a C-contiguous array of a multiple of 32 KiB, any dtype), four rows of
-    8 KiB at a time with the next four prefetched: the runtime's GEMV access pattern without its
+    8 KiB at a time, each prefetched ahead: the runtime's GEMV access pattern without its
     arithmetic, i.e. the fastest read this code knows how to issue. Integer ops only, so the
     bytes of a quantized file read as fast as any others (see ``kernels.read4_u32``)."""
     w = b.reshape(-1).view(np.uint32).reshape(-1, 2048)
@@ -102,7 +101,7 @@ def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> dict:
 class WeightProbe:
     """The fastest plain read of the very bytes a decode step reads, in the same order: the
     model's matrices (each layer's, then the output head) read by the stream probe's kernel
-    (``sum4``: rows of 8 KiB read as integers, four at a time, the next four prefetched; a matrix's
+    (``sum4``: rows of 8 KiB read as integers, four at a time, prefetched ahead; a matrix's
     bytes seen as floats, the last < 32 KiB of each left out). Timed right after
     each decode step (``presets_real_dims.step_pairs``), it sees the machine in the same ~100 ms
     and the same cache state; a probe over its own 1 GiB array minutes away saw neither (on this

@@ -252,21 +252,30 @@ def _bf16_vec(b, ptr, off):  # bfloat16 is the top half of a float32
 _FLOAT_ROWS = {"f32": (_f32_vec, 2), "f16": (_f16_vec, 1), "bf16": (_bf16_vec, 1)}  # decoder, lines / 32
 
 
+ROW_AHEAD = 512  # bytes: the float-row kernels prefetch each row this far ahead of the read
+
+
 def _dot4_codegen(kind):
     load, lines = _FLOAT_ROWS[kind]
 
     def codegen(context, builder, sig, args):
-        # args: w0..w3 (rows), p0..p3 (rows to prefetch), x, n (multiple of 32)
+        # args: w0..w3 (rows), x, n (multiple of 32)
         ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
-        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
-        x = _data(context, builder, sig.args[2 * ROWS], args[2 * ROWS])
-        n = args[2 * ROWS + 1]
+        x = _data(context, builder, sig.args[ROWS], args[ROWS])
+        n = args[ROWS + 1]
 
         def body(i, accs):
             off = builder.mul(i, _c(n.type, 32))
             xv = _vload(builder, x, off, V32F, 4)
             for j in range(ROWS):
-                _prefetch_lines(builder, ps[j], off, lines)
+                # each row's own lines ROW_AHEAD bytes on (past a row's end: the next row's
+                # first lines, or nothing: a prefetch never faults). Against an integer read
+                # of the same file pages (benchmarks/runtime_vs_llamacpp.sum4), alternated
+                # 25 rounds on Llama-3.1-8B-dims F16: 0.95 of it, against 0.79 when each
+                # group prefetched the next group's rows at the same offset
+                p8 = builder.bitcast(builder.gep(ws[j], [off]), I8.as_pointer())
+                for u in range(lines):
+                    _prefetch(builder, builder.gep(p8, [_c(I32, ROW_AHEAD + 64 * u)]))
                 accs = _accumulate(builder, accs, j, builder.fmul(load(builder, ws[j], off), xv, flags=FAST))
             return accs
 
@@ -280,28 +289,28 @@ def _dot4_codegen(kind):
 def _dot4(kind):
     gen = _dot4_codegen(kind)
 
-    def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, x, n):
-        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, x, n), gen
+    def typer(typingctx, w0, w1, w2, w3, x, n):
+        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, x, n), gen
 
     typer.__name__ = f"dot4_{kind}"
     return intrinsic(typer)
 
 
-# (w0·x, w1·x, w2·x, w3·x) over n values (a multiple of 32); rows p0..p3 are prefetched
+# (w0·x, w1·x, w2·x, w3·x) over n values (a multiple of 32); each row prefetched ROW_AHEAD on
 dot4_f32, dot4_f16, dot4_bf16 = _dot4("f32"), _dot4("f16"), _dot4("bf16")
 
 
 def _read4_codegen(context, builder, sig, args):
-    # args: w0..w3 (rows of uint32), p0..p3 (rows to prefetch), n (a multiple of 16)
+    # args: w0..w3 (rows of uint32), n (a multiple of 16)
     v16 = ir.VectorType(I32, 16)
     ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
-    ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
-    n = args[2 * ROWS]
+    n = args[ROWS]
 
     def body(i, acc):
         off = builder.mul(i, _c(n.type, 16))
         for j in range(ROWS):
-            _prefetch_lines(builder, ps[j], off, 1)
+            p8 = builder.bitcast(builder.gep(ws[j], [off]), I8.as_pointer())
+            _prefetch(builder, builder.gep(p8, [_c(I32, ROW_AHEAD)]))
             acc = builder.xor(acc, _vload(builder, ws[j], off, v16, 4))
         return acc
 
@@ -313,12 +322,14 @@ def _read4_codegen(context, builder, sig, args):
 
 
 @intrinsic
-def read4_u32(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, n):
+def read4_u32(typingctx, w0, w1, w2, w3, n):
     """The benchmarks' memory probe: dot4's access pattern (four rows, 64 bytes of each per
-    step, the next rows' lines prefetched) with the values xor-folded as integers. No floating
-    point: weight bytes read as floats hold denormals (0.7 % of a Q6_K file's words), whose
-    microcode assists made a float probe read such a file 1.5× slower than memory allows."""
-    return types.uint32(w0, w1, w2, w3, p0, p1, p2, p3, n), _read4_codegen
+    step, each row prefetched ROW_AHEAD bytes on) with the values xor-folded as integers. No
+    floating point: weight bytes read as floats hold denormals (0.7 % of a Q6_K file's words),
+    whose microcode assists made a float probe read such a file 1.5× slower than memory allows.
+    (Alternated over a Llama-3.1-8B-dims F16 file's matrices, 15 rounds: this prefetch 25.8 GB/s,
+    1024 bytes on 26.4, none 25.9, the next row group's lines at the same offset 23.9.)"""
+    return types.uint32(w0, w1, w2, w3, n), _read4_codegen
 
 
 def _axpy4_codegen(kind):
@@ -1407,14 +1418,13 @@ def _mm_float(W, X, rows, Y, kind):
     T, k = X.shape
     for g in prange((rows.shape[0] + 3) // 4):
         i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)  # the next group's rows, prefetched
         for t in range(T):
             if kind == F32_ROWS:
-                y = dot4_f32(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k)
+                y = dot4_f32(W[i0], W[i1], W[i2], W[i3], X[t], k)
             elif kind == F16_ROWS:
-                y = dot4_f16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k)
+                y = dot4_f16(W[i0], W[i1], W[i2], W[i3], X[t], k)
             else:
-                y = dot4_bf16(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], k)
+                y = dot4_bf16(W[i0], W[i1], W[i2], W[i3], X[t], k)
             _store4(Y, t, rows, g, y)
 
 
