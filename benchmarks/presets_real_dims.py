@@ -233,7 +233,8 @@ def one_arch(arch: str, args) -> list[dict]:
     return rows
 
 
-def _quartiles(r: dict, key: str = "eff_over_stream_per_step_quartiles") -> str:
+def _iqr_text(r: dict, key: str = "eff_over_stream_per_step_quartiles") -> str:
+    """"(Q1–Q3) " of a row's stored quartiles, for the table; empty for runs without them."""
     q = r.get(key)
     return f"({q[0]:.2f}–{q[2]:.2f}) " if q else ""
 
@@ -254,8 +255,8 @@ def markdown(result: dict) -> str:
             f"| {r['arch']} | {r['preset']} | {r['file_bytes'] / 2**20:.0f} | {types} | {r['tok_s']['aios_run']} "
             f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** ({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
             f"| {r['eff_gb_s']} / {r['stream_gb_s']} = {r['eff_over_stream']:.2f} "
-            f"| {r.get('eff_over_stream_per_step', '?')} {_quartiles(r)}"
-            f"| {r.get('eff_over_array_per_step', '?')} {_quartiles(r, 'eff_over_array_per_step_quartiles')}"
+            f"| {r.get('eff_over_stream_per_step', '?')} {_iqr_text(r)}"
+            f"| {r.get('eff_over_array_per_step', '?')} {_iqr_text(r, 'eff_over_array_per_step_quartiles')}"
             f"| {rss.get('aios_run_over_file', '?')} | {rss.get('aios_run_load_s', '?')} / {rss.get('llama_cpp_load_s', '?')} |")
     return "\n".join(lines)
 

@@ -105,17 +105,15 @@ def attention(q, K, V, p0, scale, window, softcap):
                 if softcap > 0.0:
                     sj = softcap * math.tanh(sj / softcap)
                 s[g, j] = sj
+        tot = np.zeros(gs, np.float64)  # each head's softmax denominator, applied once at the end
         for g in range(gs):
             top = -np.inf
             for j in range(n):
                 top = max(top, s[g, j])
-            tot = 0.0
             for j in range(n):
                 e = math.exp(s[g, j] - top)
                 s[g, j] = e
-                tot += e
-            for j in range(n):
-                s[g, j] /= tot
+                tot[g] += e
         o = np.zeros(gs * hd, np.float64)
         for j in range(n):
             vo = (kv * cap + j0 + j) * hd
@@ -123,7 +121,7 @@ def attention(q, K, V, p0, scale, window, softcap):
                 axpy_f64_at(o, g * hd, s[g, j], Vf, vo, hd)
         for g in range(gs):
             for d in range(hd):
-                out[t, (h0 + g) * hd + d] = o[g * hd + d]
+                out[t, (h0 + g) * hd + d] = o[g * hd + d] / tot[g]
     return out
 
 
