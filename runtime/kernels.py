@@ -15,9 +15,12 @@ loop: ~10 GB/s for Q8_0 and ~20 GB/s for F32 against 26 GB/s for OpenBLAS' GEMV.
 
 So the inner loops are LLVM IR intrinsics ("SIMD intrinsics" below) that state the vector
 shapes directly (``<32 x float>`` accumulators, ``<32 x i8>`` loads, 16 fp16 scales
-converted in one instruction), work on four rows at once (the activations are loaded once
-per four rows and four memory streams are in flight; the rows may be any subset, as the
-sparse paths need) and prefetch the next group's rows. LLVM lowers the generic vector
+converted in one instruction), work on several rows at once (the activations are loaded once
+per group and as many memory streams are in flight; the rows may be any subset, as the
+sparse paths need) and prefetch ahead: the float kernels eight rows, each its own lines
+ROW_AHEAD bytes on; the block kernels four rows and the next group's lines. Which pattern
+reads memory fastest was measured per kernel against a plain read of the same file pages
+(the comments at each say by how much). LLVM lowers the generic vector
 types to what the CPU has (AVX-512, AVX2, NEON). Rows whose length is not a multiple of 32
 (F32/F16/BF16 only; block formats are whole blocks) take a plain numba loop.
 
@@ -173,20 +176,20 @@ def _hsum(b, v):
     return b.extract_element(v, _c(I32, 0))
 
 
-def _prefetch(b, ptr):
+def _prefetch(b, ptr, locality=3):  # 3: into L1 (prefetcht0); 2: into L2 (prefetcht1)
     mod = b.module
     p8 = I8.as_pointer()
     fn = mod.globals.get("llvm.prefetch.p0i8")
     if fn is None:
         fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, I32, I32, I32]), "llvm.prefetch.p0i8")
-    b.call(fn, [b.bitcast(ptr, p8), _c(I32, 0), _c(I32, 3), _c(I32, 1)])  # read, keep, data
+    b.call(fn, [b.bitcast(ptr, p8), _c(I32, 0), _c(I32, locality), _c(I32, 1)])  # read, locality, data
 
 
-def _prefetch_lines(b, ptr, idx, lines):
+def _prefetch_lines(b, ptr, idx, lines, locality=3):
     """Prefetch ``lines`` consecutive 64-byte lines starting at ptr[idx]."""
     p8 = b.bitcast(b.gep(ptr, [idx]), I8.as_pointer())
     for u in range(lines):
-        _prefetch(b, b.gep(p8, [_c(I32, 64 * u)]))
+        _prefetch(b, b.gep(p8, [_c(I32, 64 * u)]), locality)
 
 
 def _loop(b, n, init, body, start=None):
@@ -255,19 +258,22 @@ _FLOAT_ROWS = {"f32": (_f32_vec, 2), "f16": (_f16_vec, 1), "bf16": (_bf16_vec, 1
 ROW_AHEAD = 512  # bytes: the float-row kernels prefetch each row this far ahead of the read
 
 
-def _dot4_codegen(kind):
+FLOAT_ROWS = 8  # weight rows per call of the dot8_* float intrinsics
+
+
+def _dot_rows_codegen(kind, nrows):
     load, lines = _FLOAT_ROWS[kind]
 
     def codegen(context, builder, sig, args):
-        # args: w0..w3 (rows), x, n (multiple of 32)
-        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
-        x = _data(context, builder, sig.args[ROWS], args[ROWS])
-        n = args[ROWS + 1]
+        # args: nrows row views, x, n (multiple of 32)
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(nrows)]
+        x = _data(context, builder, sig.args[nrows], args[nrows])
+        n = args[nrows + 1]
 
         def body(i, accs):
             off = builder.mul(i, _c(n.type, 32))
             xv = _vload(builder, x, off, V32F, 4)
-            for j in range(ROWS):
+            for j in range(nrows):
                 # each row's own lines ROW_AHEAD bytes on (past a row's end: the next row's
                 # first lines, or nothing: a prefetch never faults). Against an integer read
                 # of the same file pages (benchmarks/runtime_vs_llamacpp.sum4), alternated
@@ -279,25 +285,29 @@ def _dot4_codegen(kind):
                 accs = _accumulate(builder, accs, j, builder.fmul(load(builder, ws[j], off), xv, flags=FAST))
             return accs
 
-        accs = _loop(builder, builder.sdiv(n, _c(n.type, 32)), _zeros_struct(ROWS), body)
+        accs = _loop(builder, builder.sdiv(n, _c(n.type, 32)), _zeros_struct(nrows), body)
         return context.make_tuple(builder, sig.return_type,
-                                  [_hsum(builder, builder.extract_value(accs, j)) for j in range(ROWS)])
+                                  [_hsum(builder, builder.extract_value(accs, j)) for j in range(nrows)])
 
     return codegen
 
 
-def _dot4(kind):
-    gen = _dot4_codegen(kind)
+def _dot8(kind):
+    gen = _dot_rows_codegen(kind, FLOAT_ROWS)
 
-    def typer(typingctx, w0, w1, w2, w3, x, n):
-        return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, x, n), gen
+    def typer(typingctx, w0, w1, w2, w3, w4, w5, w6, w7, x, n):
+        return types.UniTuple(types.float32, FLOAT_ROWS)(w0, w1, w2, w3, w4, w5, w6, w7, x, n), gen
 
-    typer.__name__ = f"dot4_{kind}"
+    typer.__name__ = f"dot8_{kind}"
     return intrinsic(typer)
 
 
-# (w0·x, w1·x, w2·x, w3·x) over n values (a multiple of 32); each row prefetched ROW_AHEAD on
-dot4_f32, dot4_f16, dot4_bf16 = _dot4("f32"), _dot4("f16"), _dot4("bf16")
+# (w0·x, ..., w7·x) over n values (a multiple of 32); each row prefetched ROW_AHEAD on.
+# Eight rows, not four: eight streams in flight and the x loads shared by eight rows. Matrices
+# of a Llama-3.1-8B-dims F16 file, 2 threads, alternated 8-10 rounds: 4 rows 27.1-27.8 GB/s,
+# 8 rows 28.6-29.2, 16 rows 27.5, where an integer read of the same pages (4 or 8 rows) ran
+# 31.0-31.6; one thread: 13.9 / 14.7 against 15.9.
+dot8_f32, dot8_f16, dot8_bf16 = _dot8("f32"), _dot8("f16"), _dot8("bf16")
 
 
 def _read4_codegen(context, builder, sig, args):
@@ -608,11 +618,12 @@ dot4_q5_0, dot4_q5_1, dot4_iq4_nl = _dot4_b32("q5_0"), _dot4_b32("q5_1"), _dot4_
 # else: portable widen-multiply-add IR. On this project's Xeon (Emerald Rapids, AVX-512 VNNI,
 # LLVM 22 of llvmlite 0.50) the pair step per row compiles to: Q4_0 vmovdqu + vinserti128 (both
 # blocks' 16 bytes) + vpand + vgf2p8affineqb (the >> 4) + vinserti64x4 + vpdpbusd zmm + vpermd
-# (the pair's scales) + vcvtdq2ps + vfmadd213ps; Q8_0 two vpdpbusd + vpsubd in place of the
-# nibble unpacking; Q5 adds kmovq + a masked vmovdqu8 (numba's inspect_asm; the check is
+# (the pair's scales) + vcvtdq2ps + vfmadd213ps; Q8_0 a vpxorq (q_w+128) and one vpdpbusd in place
+# of the nibble unpacking; Q5 adds kmovq + a masked vmovdqu8 (numba's inspect_asm; the check is
 # tests/runtime/test_kernels_int.py::test_int_kernel_emits_integer_dot).
 V16I32 = ir.VectorType(I32, 16)
 V16F = ir.VectorType(F32, 16)
+V8F = ir.VectorType(F32, 8)
 V64I8 = ir.VectorType(I8, 64)
 
 
@@ -651,18 +662,21 @@ def _concat(b, x, y):
     return b.shuffle_vector(x, y, _c(ir.VectorType(I32, 2 * n), list(range(2 * n))))
 
 
-def _idot_u8s8(b, u, s, how):
-    """<16 x i32>: lane l = Σ_{i<4} u[4l+i]·s[4l+i] for <64 x i8> u (unsigned) and s (signed)."""
+def _idot_u8s8(b, u, s, how, acc=None):
+    """<16 x i32>: lane l = acc[l] + Σ_{i<4} u[4l+i]·s[4l+i] for <64 x i8> u (unsigned) and s
+    (signed); acc (<16 x i32>) only with the VNNI ``how``s, whose vpdpbusd adds into it."""
     V8I32 = ir.VectorType(I32, 8)
     if how == "avx512vnni":
         fn = _declare(b, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
-        return b.call(fn, [_c(V16I32, [0] * 16), b.bitcast(u, V16I32), b.bitcast(s, V16I32)])
+        return b.call(fn, [_c(V16I32, [0] * 16) if acc is None else acc, b.bitcast(u, V16I32), b.bitcast(s, V16I32)])
+    assert acc is None or how == "avxvnni"
     halves = []
     for h in (0, 32):
         uh, sh = _split(b, u, h, 32), _split(b, s, h, 32)
         if how == "avxvnni":
             fn = _declare(b, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32] * 3)
-            halves.append(b.call(fn, [_c(V8I32, [0] * 8), b.bitcast(uh, V8I32), b.bitcast(sh, V8I32)]))
+            start = _c(V8I32, [0] * 8) if acc is None else _split(b, acc, h // 4, 8)
+            halves.append(b.call(fn, [start, b.bitcast(uh, V8I32), b.bitcast(sh, V8I32)]))
         elif how == "avx2":
             V16I16 = ir.VectorType(I16, 16)
             p16 = b.call(_declare(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8]), [uh, sh])
@@ -720,9 +734,10 @@ def _pair_quants(b, fmt, p, base, how):
     return n
 
 
-def _zeros16(k):
-    z = _c(V16F, [0.0] * 16)
-    return ir.Constant(ir.LiteralStructType([V16F] * k), [z] * k)
+def _zeros_f32(k, lanes=16):  # a struct of k zero <lanes x float>
+    vt = ir.VectorType(F32, lanes)
+    z = _c(vt, [0.0] * lanes)
+    return ir.Constant(ir.LiteralStructType([vt] * k), [z] * k)
 
 
 def _dot4_b32_int_codegen(fmt):
@@ -758,53 +773,58 @@ def _dot4_b32_int_codegen(fmt):
                 return _f16_at(builder, ws[j], builder.add(base, _c(ity, 2)))
             return builder.fmul(_f16_at(builder, ws[j], base), _c(F32, -float(B32_OFFSET[fmt])), flags=FAST)
 
-        def pair(b0, u, accs, sv):
-            # blocks b0+u, b0+u+1 of the chunk; sv[j]: the chunk's d_w·d_x of row j. The weights
-            # come in _pair_quants' order and x is permuted to match once for the four rows.
+        biased = signed and how in ("avx512vnni", "avxvnni")
+        m128 = _c(V64I8, [-128] * 64)
+
+        def pair_x(b0, u):
+            # x for blocks b0+u, b0+u+1 of the chunk, in _pair_quants' order (permuted once for
+            # the four rows), and for signed weights with VNNI (no pmaddubsw saturation)
+            # −128·Σ₄q_x: each row's vpdpbusd starts from it and sums Σ₄(q_w+128)·q_x, one
+            # vpdpbusd and one xor per row. (Biasing x instead needs −128·Σ₄q_w per row: two
+            # vpdpbusd, two zeroed accumulators and a subtraction. Four Q8_0 rows in L1, one
+            # thread: 33.4 GB/s against 29.9.)
             blk = builder.add(b0, _c(ity, u))
             x = _vload(builder, xq, builder.mul(blk, _c(ity, QK)), V64I8, 1)
             if fmt != "q8_0":
                 x = builder.shuffle_vector(x, x, _c(ir.VectorType(I32, 64), PAIR_ORDER))
+            corr = builder.sub(_c(V16I32, [0] * 16), _idot_u8s8(builder, m128, x, how)) if biased else None
+            return x, corr
+
+        def pair(b0, u, j, x, corr, accs, sv):
+            # row j's blocks b0+u, b0+u+1; sv[j]: the chunk's d_w·d_x of row j
+            blk = builder.add(b0, _c(ity, u))
             lanes = [u] * 8 + [u + 1] * 8 if fmt == "q8_0" else ([u] * 4 + [u + 1] * 4) * 2
-            # signed weights with VNNI (no pmaddubsw saturation): (q_x+128)·q_w − 128·q_w, the
-            # shifted x made once for the four rows, instead of the per-row sign trick
-            biased = signed and how in ("avx512vnni", "avxvnni")
+            w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how)
             if biased:
-                xb = builder.xor(x, _c(V64I8, [-128] * 64))
-            for j in range(ROWS):
-                w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how)
-                if biased:
-                    isum = builder.sub(_idot_u8s8(builder, xb, w, how),
-                                       _idot_u8s8(builder, _c(V64I8, [-128] * 64), w, how))
-                else:
-                    isum = _idot_u8s8(builder, *operands(w, x), how)
-                sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, lanes))
-                if fmt == "q8_0":  # ggml's order: block u, then u+1, fused into the same 8 lanes
-                    accs = fma8_blocks(accs, j, builder.sitofp(isum, V16F), sc, 2)
-                else:
-                    accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
-            return accs
+                isum = _idot_u8s8(builder, builder.xor(w, m128), x, how, acc=corr)
+            else:
+                isum = _idot_u8s8(builder, *operands(w, x), how)
+            sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, lanes))
+            if fmt == "q8_0":  # ggml's order: block u, then u+1, fused into the same 8 lanes
+                return fma8_blocks(accs, j, builder.sitofp(isum, V16F), sc, 2)
+            return add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
 
         def fma8_blocks(accs, j, p, sc, nblocks):
             # Q8_0 as ggml sums it (vec_dot_q8_0_q8_0 and tinyBLAS alike): per block, 8 lanes of
             # 4-product integer sums, acc = fma(d_w·d_x, lanes, acc) block after block, one 8-lane
-            # accumulator (kept in lanes 0-7 of ours; lanes 8-15 stay 0), reduced by _hsum's tree
-            # as hsum_float_8 does. Pairs summed 16 lanes wide gave another rounding.
-            v8 = ir.VectorType(F32, 8)
+            # accumulator (Q8_0's accumulators are <8 x float>), reduced by _hsum's tree as
+            # hsum_float_8 does. Pairs summed 16 lanes wide gave another rounding.
             mod = builder.module
-            fma = mod.globals.get("llvm.fma.v8f32") or ir.Function(mod, ir.FunctionType(v8, [v8] * 3), "llvm.fma.v8f32")
-            acc = builder.extract_value(accs, j)
-            a8 = builder.shuffle_vector(acc, acc, _c(ir.VectorType(I32, 8), list(range(8))))
+            fma = mod.globals.get("llvm.fma.v8f32") or ir.Function(mod, ir.FunctionType(V8F, [V8F] * 3), "llvm.fma.v8f32")
+            a8 = builder.extract_value(accs, j)
             for k in range(nblocks):
                 idx = _c(ir.VectorType(I32, 8), list(range(8 * k, 8 * k + 8)))
                 a8 = builder.call(fma, [builder.shuffle_vector(p, p, idx), builder.shuffle_vector(sc, sc, idx), a8])
-            wide = builder.shuffle_vector(a8, _c(v8, [0.0] * 8), _c(V16I32, list(range(16))))
-            return builder.insert_value(accs, wide, j)
+            return builder.insert_value(accs, a8, j)
 
         def chunk(c, accs):
             b0 = builder.mul(c, _c(ity, chunk_blocks))
+            # the next group's rows at this chunk's offset, into L2 (prefetcht1). Llama-3.1-8B-
+            # dims Q8_0 matrices, 2 threads, ÷ an integer read of the same pages, 8 alternated
+            # rounds, two runs each: into L1 0.883/0.877, into L2 0.908/0.912; each row's own
+            # lines 544 or 1088 bytes on (the float kernels' pattern) 0.80
             for j in range(ROWS):
-                _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64)
+                _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64, 2)
             v16h = ir.VectorType(I16, chunk_blocks)
 
             def f16s(j, k):  # the chunk's 16 fp16 field k (0: d, 1: m) of row j, one conversion
@@ -824,8 +844,13 @@ def _dot4_b32_int_codegen(fmt):
                     f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
                                                                flags=FAST)
                     accs = add_to(accs, ROWS + j, builder.fmul(f, sx, flags=FAST))
-            for u in range(0, chunk_blocks, 2):
-                accs = pair(b0, u, accs, sv)
+            # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
+            # registers than pair after pair across the rows (Q8_0 ÷ the same pages' read, 8
+            # alternated rounds, two runs each: 0.918/0.904 against 0.884/0.897)
+            xpairs = {u: pair_x(b0, u) for u in range(0, chunk_blocks, 2)}
+            for j in range(ROWS):
+                for u in range(0, chunk_blocks, 2):
+                    accs = pair(b0, u, j, *xpairs[u], accs, sv)
             return accs
 
         def tail(blk, accs):  # one block, its bytes in the first half of a pair (the rest zero)
@@ -848,7 +873,7 @@ def _dot4_b32_int_codegen(fmt):
             return accs
 
         nchunk = builder.sdiv(nb, _c(ity, chunk_blocks))
-        accs = _loop(builder, nchunk, _zeros16(nacc), chunk)
+        accs = _loop(builder, nchunk, _zeros_f32(nacc, 8 if fmt == "q8_0" else 16), chunk)
         accs = _loop(builder, nb, accs, tail, start=builder.mul(nchunk, _c(ity, chunk_blocks)))
         out = []
         for j in range(ROWS):
@@ -1130,7 +1155,6 @@ dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq
 V32I16 = ir.VectorType(I16, 32)
 V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
-V8F = ir.VectorType(F32, 8)
 KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs", "q2_k", "q3_k")  # K-quants with an int8-activation kernel
 KQ_DOT_NAMES = {"avx512vnni": "AVX-512 pmaddubsw + VNNI vpdpwssd", "avxvnni": "AVX2 pmaddubsw + pmaddwd",
                 "avx2": "AVX2 pmaddubsw + pmaddwd", "generic": "portable integer IR"}  # as arithmetic_label says
@@ -1398,9 +1422,19 @@ def _group(rows, g):
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _store4(Y, t, rows, g, y):
-    b = 4 * g
-    for u in range(4):
+def _group8(rows, g):
+    """The 8 row indices of group g of eight (repeating the last row past the end)."""
+    last = rows.shape[0] - 1
+    b = 8 * g
+    return (rows[min(b, last)], rows[min(b + 1, last)], rows[min(b + 2, last)], rows[min(b + 3, last)],
+            rows[min(b + 4, last)], rows[min(b + 5, last)], rows[min(b + 6, last)], rows[min(b + 7, last)])
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _store(Y, t, rows, g, y):
+    """Y[t, rows of group g] = y, the group's len(y) results (those past the end dropped)."""
+    b = len(y) * g
+    for u in range(len(y)):
         if b + u < rows.shape[0]:
             Y[t, rows[b + u]] = y[u]
 
@@ -1416,16 +1450,16 @@ F32_ROWS, F16_ROWS, BF16_ROWS = 0, 1, 2
 @njit(parallel=True, fastmath=True, cache=True)
 def _mm_float(W, X, rows, Y, kind):
     T, k = X.shape
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
+    for g in prange((rows.shape[0] + FLOAT_ROWS - 1) // FLOAT_ROWS):
+        i0, i1, i2, i3, i4, i5, i6, i7 = _group8(rows, g)
         for t in range(T):
             if kind == F32_ROWS:
-                y = dot4_f32(W[i0], W[i1], W[i2], W[i3], X[t], k)
+                y = dot8_f32(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], X[t], k)
             elif kind == F16_ROWS:
-                y = dot4_f16(W[i0], W[i1], W[i2], W[i3], X[t], k)
+                y = dot8_f16(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], X[t], k)
             else:
-                y = dot4_bf16(W[i0], W[i1], W[i2], W[i3], X[t], k)
-            _store4(Y, t, rows, g, y)
+                y = dot8_bf16(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], X[t], k)
+            _store(Y, t, rows, g, y)
 
 
 def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64; Y (T, n)
@@ -1500,7 +1534,7 @@ def _mm_b32(W, X, rows, Y, kind):  # W (n, k/32 · block bytes) uint8
                 y = dot4_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
             else:
                 y = dot4_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
-            _store4(Y, t, rows, g, y)
+            _store(Y, t, rows, g, y)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -1523,7 +1557,7 @@ def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; xs �
                 y = dot4_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
             else:
                 y = dot4_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
-            _store4(Y, t, rows, g, y)
+            _store(Y, t, rows, g, y)
 
 
 def xsum(X, sub):
@@ -1610,7 +1644,7 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
                 y = dot4i_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
             else:
                 y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-            _store4(Y, t, rows, g, y)
+            _store(Y, t, rows, g, y)
 
 
 @njit(cache=True)
@@ -1685,7 +1719,7 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
                 y = dot4i_q3_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             else:
                 y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-            _store4(Y, t, rows, g, y)
+            _store(Y, t, rows, g, y)
 
 
 def mm_block_int8(fmt, W, X, rows, Y):
