@@ -70,7 +70,7 @@ def _deq(raw: np.ndarray, kind: str, n: int, k: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", K.INT8_TYPES)
-@pytest.mark.parametrize("nb,T", [(1, 1), (2, 2), (16, 1), (37, 3)])
+@pytest.mark.parametrize("nb,T", [(1, 1), (2, 2), (16, 1), (18, 1), (37, 3)])
 def test_int8_kernel_equals_quantized_activation_reference(kind, nb, T):
     n, k = 9, 32 * nb
     X = RNG.standard_normal((T, k), dtype=np.float32)
