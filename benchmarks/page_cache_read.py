@@ -5,7 +5,7 @@ the pages the kernel's page cache holds for that file, not that of a freshly all
 On a VM the two differ, and by how much depends on where the pages sit physically (measured
 here: 0.80-1.00). This script reads up to ``--gib`` GiB of FILE through a read-only mapping and
 as many bytes of a fresh anonymous array, alternately for ``--rounds`` rounds, with the stream
-probe's kernel (``runtime_vs_llamacpp.sum4``: rows of 8 KiB read as integers, four at a time, each
+probe's kernel (``runtime_vs_llamacpp.read_rows``: rows of 8 KiB read as integers, four at a time, each
 prefetched ahead), and prints the medians, their ratio, and how much of the mapping is
 PMD-mapped (2 MiB pages) according to /proc/self/smaps_rollup.
 
@@ -60,7 +60,7 @@ def main() -> None:
     import numpy as np
 
     from runtime import kernels
-    from runtime_vs_llamacpp import sum4
+    from runtime_vs_llamacpp import read_rows
 
     kernels.set_threads()
     fd = os.open(args.file, os.O_RDONLY)
@@ -76,7 +76,7 @@ def main() -> None:
 
     def gb_s(a) -> float:
         t = time.perf_counter()
-        sum4(a)
+        read_rows(a)
         return n / (time.perf_counter() - t) / 1e9
 
     t = time.perf_counter()

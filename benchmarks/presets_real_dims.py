@@ -12,11 +12,12 @@ llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to ea
   alternated for ``--rounds`` rounds; ``ratio`` is the median of the per-round ratios;
 * ``eff_gb_s``: our effective weight bandwidth (the weight bytes our counter says one decode
   token reads × tokens/s) and its fraction of the machine's streaming read bandwidth, probed
-  right after each of ``--rounds`` further decode rounds (best of two parallel read kernels
+  right after each of ``--rounds`` further decode rounds (best of several parallel read kernels
   over 1 GiB, 3 repetitions each, ``runtime_vs_llamacpp.stream_bandwidth``): the median of the
   per-round ratios. ``eff_over_stream_per_step`` pairs finer: ``--tokens × --rounds`` single
   decode steps, each paired with the fastest plain read of the same weight bytes in the same
-  order (``WeightProbe``) just before or just after it, alternately: the median of the
+  order (``WeightProbe``; the read pattern fastest on those bytes on this CPU, chosen first
+  and recorded as ``step_probe_pattern``) just before or just after it, alternately: the median of the
   per-step ratios, and its quartiles (on this shared machine the 1 GiB probe swung 20-40 GB/s
   between rounds; paired per step, both see the same ~100 ms and the same cache state).
   ``eff_over_array_per_step`` pairs each step the same way with a read of a 1 GiB anonymous
@@ -58,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
-from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, stream_bandwidth, sum4  # noqa: E402
+from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, read_rows, stream_bandwidth  # noqa: E402
 
 PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
 ARCHS = ("falcon-7b", "llama-3.1-8b")
@@ -109,21 +110,22 @@ def _subprocess(code: str, path: Path, tokens: int, threads: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def step_pairs(m, bpt: float, n: int) -> list[tuple[float, float, float]]:
+def step_pairs(m, bpt: float, n: int) -> tuple[list[tuple[float, float, float]], str]:
     """n greedy decode steps, each paired with two plain reads: of the same weights
-    (``WeightProbe``: the same pages, in the same order) and of a 1 GiB anonymous array (the
-    stream probe's fastest kernel), right before or right after the step, alternately (so a
-    read that runs faster or slower for coming second, e.g. on cache left by the first, biases
-    neither side): [(step GB/s ÷ same-pages GB/s, same-pages GB/s, step GB/s ÷ array GB/s)]."""
+    (``WeightProbe``: the same pages, in the same order, by the read pattern fastest on them
+    here) and of a 1 GiB anonymous array (by the same pattern), right before or right after
+    the step, alternately (so a read that runs faster or slower for coming second, e.g. on
+    cache left by the first, biases neither side): ([(step GB/s ÷ same-pages GB/s, same-pages
+    GB/s, step GB/s ÷ array GB/s)], the pattern)."""
     import numpy as np
 
     probe = WeightProbe(m)
     anon = np.ones((1 << 30) // 4, np.float32).reshape(-1, 2048)
-    sum4(anon)
+    read_rows(anon, probe.pattern)
 
     def array() -> float:
         t = time.perf_counter()
-        sum4(anon)
+        read_rows(anon, probe.pattern)
         return anon.nbytes / (time.perf_counter() - t) / 1e9
 
     m.reset()
@@ -144,7 +146,7 @@ def step_pairs(m, bpt: float, n: int) -> list[tuple[float, float, float]]:
         if m.pos + 1 >= m.hp.n_ctx:
             m.reset()
             m.forward(PROMPT)
-    return out
+    return out, probe.pattern
 
 
 def quartiles(xs) -> list[float]:
@@ -175,7 +177,7 @@ def one_file(path: Path, preset: str, args) -> dict:
     bw.sort()
     ratio_bw, eff = bw[len(bw) // 2]
     stream = eff / ratio_bw
-    steps = step_pairs(ours.m, bpt, args.tokens * args.rounds)
+    steps, pattern = step_pairs(ours.m, bpt, args.tokens * args.rounds)
     del ours
     mine = _subprocess(_OURS_RSS, path, args.tokens, args.threads)
     lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads)
@@ -188,7 +190,7 @@ def one_file(path: Path, preset: str, args) -> dict:
            "eff_over_stream_rounds": [round(r, 3) for r, _ in bw],
            "eff_over_stream_per_step": round(statistics.median(r for r, _, _ in steps), 3),
            "eff_over_stream_per_step_quartiles": quartiles([r for r, _, _ in steps]),
-           "step_probe_gb_s": round(statistics.median(p for _, p, _ in steps), 2),
+           "step_probe_gb_s": round(statistics.median(p for _, p, _ in steps), 2), "step_probe_pattern": pattern,
            "eff_over_array_per_step": round(statistics.median(a for _, _, a in steps), 3),
            "eff_over_array_per_step_quartiles": quartiles([a for _, _, a in steps])}
     if "peak_rss" in mine:

@@ -1,8 +1,8 @@
 """Benchmark the runtime as ratios measured side by side in one run.
 
-1. Streaming bandwidth of this machine: the best of two parallel read kernels over a 1 GiB
-   float32 array (64 independent lanes; four rows at a time with prefetch, the GEMV's own
-   access pattern without its multiplications), each printed.
+1. Streaming bandwidth of this machine: the best of several parallel read kernels over a 1 GiB
+   float32 array (64 independent lanes; 1, 4 or 8 rows at a time with or without prefetch, the
+   GEMV's own access patterns without its multiplications: ``READS``), each printed.
 2. Our dense f32 decode of a ~1 GB random-init Llama-architecture model: effective weight
    bandwidth (weight bytes read per token × tokens/s) as a fraction of (1).
 3. Decode tokens/s, ours vs llama.cpp (llama-cpp-python, same threads), on the same f32,
@@ -70,39 +70,70 @@ def _psum(a):
     return parts.sum()
 
 
-@njit(parallel=True, cache=True)
-def _read4(w):  # w (n, k) uint32, k a multiple of 16
-    n, k = w.shape
-    parts = np.zeros(n // 4, np.uint32)
-    for g in prange(n // 4):
-        i = 4 * g
-        parts[g] = S.read4_u32(w[i], w[i + 1], w[i + 2], w[i + 3], k)
-    return parts
+# The plain reads the bandwidth figures are judged against: rows of 8 KiB read as integers,
+# (rows per step, each row prefetched ROW_AHEAD on). The fastest differs by CPU: on a 2-core
+# Xeon (emeraldrapids) four rows prefetched; on a 2-core AMD EPYC (znver4) eight rows without
+# prefetch read the matrices of a Llama-3.1-8B-dims F16 file 1.14× as fast as that (30 rounds).
+READS = {"rows4_prefetch": (4, True), "rows8_prefetch": (8, True), "rows8": (8, False), "rows1": (1, False)}
+_READERS = {}
 
 
-def sum4(b) -> int:
-    """One read of ``b`` (a C-contiguous array of a multiple of 32 KiB, any dtype), four rows of
-    8 KiB at a time, each prefetched ahead: the runtime's GEMV access pattern without its
-    arithmetic, i.e. the fastest read this code knows how to issue. Integer ops only, so the
-    bytes of a quantized file read as fast as any others (see ``kernels.read4_u32``)."""
+def _reader(pattern: str):
+    if pattern not in _READERS:
+        nrows, prefetch = READS[pattern]
+        rd = S.read_rows_u32(nrows, prefetch)
+
+        @njit(parallel=True)
+        def run(w):  # w (n, k) uint32, n a multiple of nrows, k of 16
+            n, k = w.shape
+            parts = np.zeros(n // nrows, np.uint32)
+            for g in prange(n // nrows):
+                parts[g] = rd(w[g * nrows:], k)
+            return parts
+
+        _READERS[pattern] = run
+    return _READERS[pattern]
+
+
+def read_rows(b, pattern: str = "rows4_prefetch") -> int:
+    """One read of ``b`` (a C-contiguous array of a multiple of 64 KiB, any dtype) in rows of
+    8 KiB by one of the READS patterns: the runtime's GEMV access pattern without its arithmetic.
+    Integer ops only, so the bytes of a quantized file read as fast as any others (see
+    ``kernels.read_rows_u32``)."""
     w = b.reshape(-1).view(np.uint32).reshape(-1, 2048)
-    return int(np.bitwise_xor.reduce(_read4(w)))
+    return int(np.bitwise_xor.reduce(_reader(pattern)(w)))
+
+
+def fastest_read(arrays, rounds: int = 5) -> str:
+    """The READS pattern that reads ``arrays`` (each as ``read_rows`` takes it) fastest here:
+    the median of ``rounds`` alternated reads of all of them per pattern."""
+    times = {p: [] for p in READS}
+    for p in READS:  # compile and warm
+        for a in arrays:
+            read_rows(a, p)
+    for _ in range(rounds):
+        for p in READS:
+            t = time.perf_counter()
+            for a in arrays:
+                read_rows(a, p)
+            times[p].append(time.perf_counter() - t)
+    return min(READS, key=lambda p: float(np.median(times[p])))
 
 
 def stream_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> dict:
-    """Read bandwidth of a 1 GiB float32 array by two kernels; the machine's figure is the best.
+    """Read bandwidth of a 1 GiB float32 array by several kernels; the machine's figure is the best.
 
     A probe weaker than the code it judges would flatter the ratio, so the strongest read
-    pattern available (the one the GEMV uses) is one of the probes.
+    patterns available (the GEMV's, with and without prefetch) are among the probes.
     """
     return {k: max(v) for k, v in stream_samples(nbytes, reps).items()}
 
 
 class WeightProbe:
     """The fastest plain read of the very bytes a decode step reads, in the same order: the
-    model's matrices (each layer's, then the output head) read by the stream probe's kernel
-    (``sum4``: rows of 8 KiB read as integers, four at a time, prefetched ahead; a matrix's
-    bytes seen as floats, the last < 32 KiB of each left out). Timed right after
+    model's matrices (each layer's, then the output head) read by the fastest READS pattern on
+    this machine (``fastest_read``, chosen once over these bytes; ``pattern``), a matrix's
+    bytes seen as rows of 8 KiB, the last < 64 KiB of each left out. Timed right after
     each decode step (``presets_real_dims.step_pairs``), it sees the machine in the same ~100 ms
     and the same cache state; a probe over its own 1 GiB array minutes away saw neither (on this
     shared machine it swung 20-40 GB/s between rounds, and the host's 260 MB L3 keeps part of a
@@ -117,26 +148,28 @@ class WeightProbe:
                 continue
             seen.add(id(p.data))
             flat = np.asarray(p.data).reshape(-1).view(np.uint8)
-            n = flat.nbytes // (4 * 8192) * (4 * 8192)
+            n = flat.nbytes // (8 * 8192) * (8 * 8192)
             if n:
                 self.views.append(flat[:n].view(np.float32).reshape(-1, 2048))
         self.nbytes = sum(v.nbytes for v in self.views)
-        self()
+        self.pattern = fastest_read(self.views)
 
     def __call__(self) -> float:
         """GB/s of one read of every view."""
         t = time.perf_counter()
         for v in self.views:
-            sum4(v)
+            read_rows(v, self.pattern)
         return self.nbytes / (time.perf_counter() - t) / 1e9
 
 
 def stream_samples(nbytes: int = 1 << 30, reps: int = 5) -> dict:
-    """Every repetition's GB/s of each ``stream_bandwidth`` probe ({probe: [GB/s, ...]})."""
+    """Every repetition's GB/s of each ``stream_bandwidth`` probe ({probe: [GB/s, ...]}):
+    ``lanes64`` and every READS pattern."""
     a = np.ones(nbytes // 4, np.float32)
     b = a.reshape(-1, 2048)
     out = {}
-    for name, fn in (("lanes64", lambda: _psum(a)), ("rows4_prefetch", lambda: sum4(b))):
+    fns = {"lanes64": lambda: _psum(a), **{p: (lambda p=p: read_rows(b, p)) for p in READS}}
+    for name, fn in fns.items():
         fn()
         out[name] = [nbytes / _timed(fn) / 1e9 for _ in range(reps)]
     return out

@@ -261,10 +261,28 @@ ROW_AHEAD = 512  # bytes: the float-row kernels prefetch each row this far ahead
 FLOAT_ROWS = 8  # weight rows per call of the dot8_* float intrinsics
 
 
+def float_row_prefetch() -> bool:
+    """Whether the float-row kernels prefetch each row ROW_AHEAD bytes on, by the CPU numba
+    compiles for (the host's, or NUMBA_CPU_NAME): not on AMD Zen ("znver*"), yes elsewhere.
+
+    Eight F16 rows per group over the matrices of Llama-3.1-8B- and Falcon-7B-dims F16 files,
+    alternated 30-40 rounds with the benchmarks' read of the same pages right after each:
+    on a 2-core AMD EPYC (znver4) without prefetch 1.06 and 1.15 × the 4-row prefetched read,
+    with it 1.04 and 0.97 (one row at a time, no prefetch: 0.94 and 1.04); on a 2-core Xeon
+    (emeraldrapids) the prefetch raised the same kernel from 0.79 to 0.95 of that read.
+    """
+    from llvmlite import binding
+    from numba.core import config
+
+    name = config.CPU_NAME if config.CPU_NAME not in (None, "host") else binding.get_host_cpu_name()
+    return not name.startswith("znver")
+
+
 def _dot_rows_codegen(kind, nrows):
     load, lines = _FLOAT_ROWS[kind]
 
     def codegen(context, builder, sig, args):
+        prefetch = float_row_prefetch()
         # args: nrows row views, x, n (multiple of 32)
         ws = [_data(context, builder, sig.args[j], args[j]) for j in range(nrows)]
         x = _data(context, builder, sig.args[nrows], args[nrows])
@@ -279,8 +297,9 @@ def _dot_rows_codegen(kind, nrows):
                 # of the same file pages (benchmarks/runtime_vs_llamacpp.sum4), alternated
                 # 25 rounds on Llama-3.1-8B-dims F16: 0.95 of it, against 0.79 when each
                 # group prefetched the next group's rows at the same offset
+                # (float_row_prefetch: not on AMD Zen, whose hardware prefetcher does better alone)
                 p8 = builder.bitcast(builder.gep(ws[j], [off]), I8.as_pointer())
-                for u in range(lines):
+                for u in range(lines if prefetch else 0):
                     _prefetch(builder, builder.gep(p8, [_c(I32, ROW_AHEAD + 64 * u)]))
                 accs = _accumulate(builder, accs, j, builder.fmul(load(builder, ws[j], off), xv, flags=FAST))
             return accs
@@ -310,36 +329,53 @@ def _dot8(kind):
 dot8_f32, dot8_f16, dot8_bf16 = _dot8("f32"), _dot8("f16"), _dot8("bf16")
 
 
-def _read4_codegen(context, builder, sig, args):
-    # args: w0..w3 (rows of uint32), n (a multiple of 16)
-    v16 = ir.VectorType(I32, 16)
-    ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
-    n = args[ROWS]
+def _read_rows_codegen(nrows, prefetch):
+    def codegen(context, builder, sig, args):
+        # args: w (rows of uint32, C-contiguous: its first nrows rows are read), n (a multiple of 16)
+        v16 = ir.VectorType(I32, 16)
+        w0 = _data(context, builder, sig.args[0], args[0])
+        n = args[1]
+        ws = [builder.gep(w0, [builder.mul(n, _c(n.type, j))]) for j in range(nrows)]
 
-    def body(i, acc):
-        off = builder.mul(i, _c(n.type, 16))
-        for j in range(ROWS):
-            p8 = builder.bitcast(builder.gep(ws[j], [off]), I8.as_pointer())
-            _prefetch(builder, builder.gep(p8, [_c(I32, ROW_AHEAD)]))
-            acc = builder.xor(acc, _vload(builder, ws[j], off, v16, 4))
-        return acc
+        def body(i, acc):
+            off = builder.mul(i, _c(n.type, 16))
+            for j in range(nrows):
+                if prefetch:
+                    p8 = builder.bitcast(builder.gep(ws[j], [off]), I8.as_pointer())
+                    _prefetch(builder, builder.gep(p8, [_c(I32, ROW_AHEAD)]))
+                acc = builder.xor(acc, _vload(builder, ws[j], off, v16, 4))
+            return acc
 
-    acc = _loop(builder, builder.sdiv(n, _c(n.type, 16)), _c(v16, [0] * 16), body)
-    out = builder.extract_element(acc, _c(I32, 0))
-    for k in range(1, 16):
-        out = builder.xor(out, builder.extract_element(acc, _c(I32, k)))
-    return out
+        acc = _loop(builder, builder.sdiv(n, _c(n.type, 16)), _c(v16, [0] * 16), body)
+        out = builder.extract_element(acc, _c(I32, 0))
+        for k in range(1, 16):
+            out = builder.xor(out, builder.extract_element(acc, _c(I32, k)))
+        return out
+
+    return codegen
 
 
-@intrinsic
-def read4_u32(typingctx, w0, w1, w2, w3, n):
-    """The benchmarks' memory probe: dot4's access pattern (four rows, 64 bytes of each per
-    step, each row prefetched ROW_AHEAD bytes on) with the values xor-folded as integers. No
-    floating point: weight bytes read as floats hold denormals (0.7 % of a Q6_K file's words),
-    whose microcode assists made a float probe read such a file 1.5× slower than memory allows.
-    (Alternated over a Llama-3.1-8B-dims F16 file's matrices, 15 rounds: this prefetch 25.8 GB/s,
-    1024 bytes on 26.4, none 25.9, the next row group's lines at the same offset 23.9.)"""
-    return types.uint32(w0, w1, w2, w3, n), _read4_codegen
+_READS = {}
+
+
+def read_rows_u32(nrows: int, prefetch: bool):
+    """The benchmarks' memory probes: an intrinsic ``(w, n) -> uint32`` reading the first
+    ``nrows`` rows of ``w`` (n uint32 each, contiguous), 64 bytes of each per step, each row
+    prefetched ROW_AHEAD bytes on or not, the values xor-folded as integers. No floating
+    point: weight bytes read as floats hold denormals (0.7 % of a Q6_K file's words), whose
+    microcode assists made a float probe read such a file 1.5× slower than memory allows.
+    Which pattern reads fastest depends on the CPU (a 2-core Xeon: 4 rows prefetched; a 2-core
+    AMD EPYC: 8 rows without prefetch, ~1.1× that), so the benchmarks try several."""
+    key = (nrows, bool(prefetch))
+    if key not in _READS:
+        gen = _read_rows_codegen(nrows, bool(prefetch))
+
+        def typer(typingctx, w, n):
+            return types.uint32(w, n), gen
+
+        typer.__name__ = f"read{nrows}_u32" + ("_prefetch" if prefetch else "")
+        _READS[key] = intrinsic(typer)
+    return _READS[key]
 
 
 def _axpy4_codegen(kind):

@@ -125,3 +125,33 @@ def test_kquant_rows_match_gguf_dequantize(kind: str, n: int, nsb: int, T: int) 
             Y = np.zeros((T, n), np.float32)
             K.mm_block(kind, raw, X, rows.astype(np.int64), Y)
             np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
+
+
+_FLOAT_ASM = """
+from numba import types
+from runtime import kernels as K
+A = lambda dt: types.Array(dt, 2, "C")
+sig = (A(types.uint16), A(types.float32), types.Array(types.int64, 1, "C"), A(types.float32), types.int64)
+K._mm_float.compile(sig)
+asm = K._mm_float.inspect_asm(sig)
+print(K.float_row_prefetch(), "prefetcht0" in asm)
+"""
+
+
+@pytest.mark.parametrize("cpu, prefetch", [("znver4", False), ("znver2", False), ("skylake-avx512", True),
+                                           ("haswell", True)])
+def test_float_rows_prefetch_is_chosen_by_cpu(tmp_path, cpu: str, prefetch: bool) -> None:
+    """The float-row kernels are compiled for the CPU numba targets: software prefetch of each
+    row on Intel names, none on AMD Zen (``float_row_prefetch``). Compiled only (not run), in a
+    subprocess with its own cache, so any host can check any target."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    res = subprocess.run([sys.executable, "-c", _FLOAT_ASM], env=env, cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [str(prefetch), str(prefetch)]
