@@ -90,9 +90,10 @@ print(json.dumps({"load_s": load, "tok_s": tm.decode_tps,
 _LLAMA_RSS = """
 import json, sys, time
 """ + _HWM + """
-from llama_cpp import Llama
+sys.path.insert(0, sys.argv[5])
+from runtime_vs_llamacpp import llama
 t = time.perf_counter()
-llm = Llama(model_path=sys.argv[1], n_ctx=256, n_threads=int(sys.argv[3]), verbose=False)
+llm = llama(sys.argv[1], sys.argv[4] == "1", n_ctx=256, n_threads=int(sys.argv[3]), verbose=False)
 load = time.perf_counter() - t
 llm.eval(list(range(1, 9)))
 for _ in range(int(sys.argv[2])):
@@ -101,9 +102,10 @@ print(json.dumps({"load_s": load, "peak_rss": hwm()}))
 """
 
 
-def _subprocess(code: str, path: Path, tokens: int, threads: int) -> dict:
+def _subprocess(code: str, path: Path, tokens: int, threads: int, repack: bool = True) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads)], env=env,
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads), str(int(repack)),
+                        str(ROOT / "benchmarks")], env=env,
                        capture_output=True, text=True, check=False)
     if r.returncode:
         return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -163,7 +165,7 @@ def one_file(path: Path, preset: str, args) -> dict:
     mix = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors
                               if len(t.shape) >= 2)
     size = path.stat().st_size
-    ours, theirs = Ours(path, "dense"), LlamaCpp(path)
+    ours, theirs = Ours(path, "dense"), LlamaCpp(path, repack=not args.llamacpp_no_repack)
     p = paired(ours, theirs, args.tokens, args.rounds)
     del theirs
     bpt = p["a"]["weight_bytes_per_token"]
@@ -180,7 +182,7 @@ def one_file(path: Path, preset: str, args) -> dict:
     steps, pattern = step_pairs(ours.m, bpt, args.tokens * args.rounds)
     del ours
     mine = _subprocess(_OURS_RSS, path, args.tokens, args.threads)
-    lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads)
+    lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads, not args.llamacpp_no_repack)
     row = {"preset": preset, "file_bytes": size, "types_2d": dict(sorted(mix.items())),
            "arithmetic": kernels.arithmetic_label(set(mix)),
            "tok_s": {"aios_run": round(p["a"]["decode_tok_s"], 2), "llama_cpp": round(p["b"]["decode_tok_s"], 2)},
@@ -269,6 +271,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--llamacpp-no-repack", action="store_true",
+                    help="Run llama.cpp with weights read in place (no repacked copies of Q4_0/Q4_K/IQ4_NL "
+                         "weights: its --no-repack), as aios-run reads them.")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="Threads for both runtimes (default: physical cores).")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the files in this folder (and reuse them).")
@@ -285,7 +290,8 @@ def main() -> None:
     probes = stream_bandwidth()
     stream = max(probes.values())
     head = {"stream_gb_s": round(stream, 2), "stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()},
-            "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "prompt_tokens": len(PROMPT)}
+            "threads": args.threads, "tokens": args.tokens, "llama_cpp_repack": not args.llamacpp_no_repack,
+            "rounds": args.rounds, "prompt_tokens": len(PROMPT)}
     print(json.dumps(head), flush=True)
     rows = []
     for arch in args.archs.split(","):
