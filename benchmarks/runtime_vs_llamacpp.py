@@ -70,8 +70,8 @@ def _psum(a):
     return parts.sum()
 
 
-# The plain reads the bandwidth figures are judged against: rows of 8 KiB read as integers,
-# (rows per step, each row prefetched ROW_AHEAD on). The fastest differs by CPU: on a 2-core
+# The plain reads the bandwidth figures are judged against: rows of 8 KiB read as integers
+# (name: (rows per step, each row prefetched ROW_AHEAD on or not)). The fastest differs by CPU: on a 2-core
 # Xeon (emeraldrapids) four rows prefetched; on a 2-core AMD EPYC (znver4) eight rows without
 # prefetch read the matrices of a Llama-3.1-8B-dims F16 file 1.14× as fast as that (30 rounds).
 READS = {"rows4_prefetch": (4, True), "rows8_prefetch": (8, True), "rows8": (8, False), "rows1": (1, False)}
@@ -249,7 +249,7 @@ def llama(path, repack: bool = True, **kw):
     """llama_cpp.Llama(model_path=path, **kw), with llama.cpp's weight repacking on (its
     default) or off. On x86 with AVX2 llama.cpp copies Q4_0, Q4_K and IQ4_NL weights at load
     into row-interleaved layouts ("CPU_REPACK" extra buffers) that its GEMV reads faster: RSS
-    ~1.45 × a Q4_0 file and a longer load (2-core AMD EPYC, Llama-3.1-8B dims). Off
+    1.4-1.7 × a Q4_0 file and a longer load (2-core AMD EPYC, Llama-3.1-8B and Falcon-7B dims). Off
     (``use_extra_bufts = false``, llama.cpp's --no-repack), it reads every weight in place from
     the mmap, the contract aios-run keeps. The high-level Llama has no parameter for it, so its
     default model parameters are wrapped for the one call."""

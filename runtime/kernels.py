@@ -295,7 +295,7 @@ def _dot_rows_codegen(kind, nrows):
             for j in range(nrows):
                 # each row's own lines ROW_AHEAD bytes on (past a row's end: the next row's
                 # first lines, or nothing: a prefetch never faults). Against an integer read
-                # of the same file pages (benchmarks/runtime_vs_llamacpp.sum4), alternated
+                # of the same file pages (benchmarks/runtime_vs_llamacpp.read_rows), alternated
                 # 25 rounds on Llama-3.1-8B-dims F16: 0.95 of it, against 0.79 when each
                 # group prefetched the next group's rows at the same offset
                 # (float_row_prefetch: not on AMD Zen, whose hardware prefetcher does better alone)
