@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
+from llamacpp_worker import clean_env  # noqa: E402
 from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, read_rows, stream_bandwidth  # noqa: E402
 
 PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
@@ -91,7 +92,7 @@ _LLAMA_RSS = """
 import json, sys, time
 """ + _HWM + """
 sys.path.insert(0, sys.argv[5])
-from runtime_vs_llamacpp import llama
+from llamacpp_worker import llama
 t = time.perf_counter()
 llm = llama(sys.argv[1], sys.argv[4] == "1", n_ctx=256, n_threads=int(sys.argv[3]), verbose=False)
 load = time.perf_counter() - t
@@ -103,7 +104,9 @@ print(json.dumps({"load_s": load, "peak_rss": hwm()}))
 
 
 def _subprocess(code: str, path: Path, tokens: int, threads: int, repack: bool = True) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # llama.cpp's child gets the environment it would have alone (clean_env: without the
+    # OpenMP wait policy our runtime set for its own threads)
+    env = dict(clean_env() if code is _LLAMA_RSS else os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads), str(int(repack)),
                         str(ROOT / "benchmarks")], env=env,
                        capture_output=True, text=True, check=False)

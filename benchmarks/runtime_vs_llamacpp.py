@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
+from llamacpp_worker import PROMPT, LlamaCpp, llama  # noqa: F401 (re-exported)
 from runtime import kernels as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,51 +246,6 @@ class Ours:
         return {"predictor_fnr": s["missed"] / max(1, s["fired"]), "predicted_density": s["predicted"] / max(1, s["rows"])}
 
 
-def llama(path, repack: bool = True, **kw):
-    """llama_cpp.Llama(model_path=path, **kw), with llama.cpp's weight repacking on (its
-    default) or off. On x86 with AVX2 llama.cpp copies Q4_0, Q4_K and IQ4_NL weights at load
-    into row-interleaved layouts ("CPU_REPACK" extra buffers) that its GEMV reads faster: RSS
-    1.4-1.7 × a Q4_0 file and a longer load (2-core AMD EPYC, Llama-3.1-8B and Falcon-7B dims). Off
-    (``use_extra_bufts = false``, llama.cpp's --no-repack), it reads every weight in place from
-    the mmap, the contract aios-run keeps. The high-level Llama has no parameter for it, so its
-    default model parameters are wrapped for the one call."""
-    import llama_cpp.llama as L
-
-    orig = L.llama_cpp.llama_model_default_params
-
-    def params():
-        p = orig()
-        p.use_extra_bufts = bool(repack)
-        return p
-
-    L.llama_cpp.llama_model_default_params = params
-    try:
-        return L.Llama(model_path=str(path), **kw)
-    finally:
-        L.llama_cpp.llama_model_default_params = orig
-
-
-class LlamaCpp:
-    """llama.cpp (llama-cpp-python, 2 threads) on one file, loaded once; greedy decode of n tokens."""
-
-    def __init__(self, path: Path, repack: bool = True) -> None:
-        self.llm = llama(path, repack, n_ctx=256, n_threads=2, n_batch=8, logits_all=True, verbose=False)
-        self(2)
-
-    def __call__(self, n: int) -> dict:
-        llm = self.llm
-        llm.reset()
-        llm.eval(PROMPT)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        llm.eval([tok])  # first step after the prompt, untimed like ours' first decode step
-        t = time.perf_counter()
-        for _ in range(n):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            llm.eval([tok])
-        return {"decode_tok_s": n / (time.perf_counter() - t)}
-
-
-PROMPT = list(range(1, 9))
 
 
 def paired(a, b, n: int, rounds: int) -> dict:

@@ -269,18 +269,86 @@ def attention(q, K, V, p0, scale, window, softcap):
     return out
 
 
+def _v_expf16(builder, x):
+    """ggml_v_expf on a <16 x float> in LLVM IR, lane for lane ``v_expf``: strict float ops, the
+    FMAs as llvm.fma, _mm512_scalef_ps as a float64 product by 2^n built from its bits (exact;
+    |n| <= 192 there) rounded once to float32, out-of-range lanes selected to 0 or inf."""
+    f = ir.FloatType()
+    v16, d16 = ir.VectorType(f, 16), ir.VectorType(ir.DoubleType(), 16)
+    i64v = ir.VectorType(ir.IntType(64), 16)
+    mod = builder.module
+    fma = mod.globals.get("llvm.fma.v16f32") or ir.Function(mod, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
+
+    def c(val):
+        return ir.Constant(v16, [float(val)] * 16)
+
+    def F(a, b, d):
+        return builder.call(fma, [a, b, d])
+
+    n = builder.fsub(F(x, c(_LOG2E), c(_R)), c(_R))
+    neg = builder.fneg(n)
+    b = F(neg, c(_LN2_LO), F(neg, c(_LN2_HI), x))
+    u = builder.fmul(b, b)
+    j = F(F(F(c(_P5), b, c(_P4)), u, F(c(_P3), b, c(_P2))), u, F(c(_P1), b, c(_ONE)))
+    lo, hi = builder.fcmp_ordered("<", n, c(-192.0)), builder.fcmp_ordered(">", n, c(192.0))
+    ni = builder.fptosi(builder.select(lo, c(-192.0), builder.select(hi, c(192.0), n)), i64v)
+    two_n = builder.bitcast(builder.shl(builder.add(ni, ir.Constant(i64v, [1023] * 16)), ir.Constant(i64v, [52] * 16)), d16)
+    r = builder.fptrunc(builder.fmul(builder.fpext(j, d16), two_n), v16)
+    return builder.select(lo, c(0.0), builder.select(hi, c(np.inf), r))
+
+
+@intrinsic
+def _swiglu16(typingctx, x, g, out):
+    """out[:m] = x/(1 + ggml_v_expf(−x))·g for m = len(x) // 16 · 16, 16 lanes at a time, in
+    ggml_vec_swiglu_f32's order. Written in IR: numba's scalar loop over ``v_expf`` did not
+    vectorize (14336 values: 98 µs, this 8 µs, the same bits)."""
+    sig = types.void(x, g, out)
+
+    def codegen(context, builder, signature, args):
+        from runtime.kernels import array_data, ir_loop
+
+        v16 = ir.VectorType(ir.FloatType(), 16)
+        px, pg, po = (array_data(context, builder, signature.args[k], args[k]) for k in range(3))
+        n = builder.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 0)
+        ity = n.type
+
+        def at(p, i):
+            return builder.bitcast(builder.gep(p, [builder.mul(i, ir.Constant(ity, 16))]), v16.as_pointer())
+
+        def body(i, carry):
+            xv = builder.load(at(px, i), align=4)
+            e = _v_expf16(builder, builder.fneg(xv))
+            silu = builder.fdiv(xv, builder.fadd(ir.Constant(v16, [1.0] * 16), e))
+            builder.store(builder.fmul(silu, builder.load(at(pg, i), align=4)), at(po, i), align=4)
+            return carry
+
+        ir_loop(builder, builder.sdiv(n, ir.Constant(ity, 16)), ir.Constant(ir.IntType(8), 0), body)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(cache=True)
 def _silu_mul(x, g):  # x, g (T, n) f32
     T, n = x.shape
     out = np.empty((T, n), F32)
     n16 = n // 16 * 16
     for t in range(T):
-        for j in range(n16):
-            v = x[t, j]
-            out[t, j] = (v / (F32(1.0) + v_expf(-v))) * g[t, j]
+        _swiglu16(x[t], g[t], out[t])
         for j in range(n16, n):
             v = x[t, j]
             out[t, j] = (v / (F32(1.0) + F32(math.exp(-v)))) * g[t, j]  # float32 in: expf
+    return out
+
+
+@njit(cache=True)
+def _silu_mul_lanes(x, g):  # _silu_mul through the scalar ``v_expf`` lane (tests)
+    T, n = x.shape
+    out = np.empty((T, n), F32)
+    for t in range(T):
+        for j in range(n // 16 * 16):
+            v = x[t, j]
+            out[t, j] = (v / (F32(1.0) + v_expf(-v))) * g[t, j]
     return out
 
 

@@ -56,17 +56,26 @@ from numba.extending import intrinsic
 from aios.quant import QK_K, block_size, type_size
 
 # numba's OpenMP threading layer (libgomp; its default here: TBB is rarely installed) lets idle
-# threads spin at each barrier; when another process uses a core, a parallel region then
-# waits for a descheduled thread while its peers burn the other core (measured on the tiny
-# fixture with one core busy: 11-20 tok/s spinning vs 625-1270 tok/s passive, and 290-440
-# on one thread). Passive waiting is set before numba starts its pool, unless the user chose.
-# Its price is a futex wake-up per parallel region, ~115-130 µs on this project's VM (a halted
-# vCPU is woken through the hypervisor), so small regions run on one thread (``threads_for``).
-# A short spin instead (GOMP_SPINCOUNT=10000) removed that price in a loop of matmuls but
-# moved 4-layer Llama-3.1-8B-dimension Q8_0 decode by less than the machine's noise, idle
-# or with one core busy (12.18 vs 12.07 and 6.65 vs 6.66 tok/s, medians of 4 alternated
-# processes), so passive stays.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# threads spin for a while (GOMP_SPINCOUNT, 300,000 by default) before they sleep. When another
+# process uses a core, a parallel region then waits for a descheduled thread while its peers burn
+# the other core (measured on the tiny fixture with one core busy: 11-20 tok/s with the default
+# spin, 625-1270 tok/s passive). Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up
+# per parallel region instead: 45-50 µs on the 2-core AMD EPYC VM (115-130 µs on the Xeon one;
+# a halted vCPU is woken through the hypervisor), ~30 regions per decode step. A short spin
+# sits between the two: 3,000 spins keep the threads awake through gaps of up to ~50-100 µs
+# (the Python between a step's matmuls) and let them sleep soon after. EPYC, Llama-3.1-8B-dims
+# Q4_0, ours ÷ llama.cpp (its own process and defaults), 3 alternated processes of 4 rounds:
+# passive 0.895/0.945/0.903, 3,000 spins 0.956/0.933/1.013 (10,000: 0.964/0.973). With one core
+# busy (benchmarks/busy_core.py, Q4_K_M): passive kept 0.71 of the idle speed, 3,000 spins 0.64,
+# 10,000 spins 0.41, llama.cpp 0.49. Set before numba starts its pool, unless the user chose a
+# policy or a count. libgomp is one per process: a llama.cpp loaded into the same process (its
+# CPU backend uses OpenMP) gets this setting too; OMP_SET_HERE lets a caller give a child
+# process its own defaults (benchmarks/llamacpp_worker.py).
+SPIN_COUNT = "3000"
+OMP_SET_HERE: tuple[str, ...] = ()
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    OMP_SET_HERE = ("GOMP_SPINCOUNT",)
 
 QK = block_size("Q8_0")  # elements per Q8_0 / Q4_0 block (gguf-py's table, like every block size)
 assert block_size("Q4_0") == QK

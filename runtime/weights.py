@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Protocol
 
@@ -31,6 +32,13 @@ class Linear(Protocol):
     def parts(self) -> list["Matrix"]: ...
 
     def dense(self) -> np.ndarray: ...
+
+
+@functools.lru_cache(maxsize=64)
+def _all_rows(n: int) -> np.ndarray:
+    """0..n-1 as int64, shared by every matmul over n rows (writable, as the kernels' compiled
+    signatures take it; nothing writes to it)."""
+    return np.arange(n, dtype=np.int64)
 
 
 @dataclass
@@ -64,8 +72,10 @@ class Matrix:
         """Y (T, n_out) = X (T, n_in) @ Wᵀ; only ``rows`` are computed (others stay 0)."""
         X = np.ascontiguousarray(X, dtype=np.float32)
         assert X.shape[1] == self.n_in, (self.name, X.shape, self.n_in)
-        Y = np.zeros((X.shape[0], self.n_out), np.float32)
-        r = np.arange(self.n_out, dtype=np.int64) if rows is None else rows
+        if rows is None:  # every row written: no zeroing; the row list made once per size
+            Y, r = np.empty((X.shape[0], self.n_out), np.float32), _all_rows(self.n_out)
+        else:
+            Y, r = np.zeros((X.shape[0], self.n_out), np.float32), rows
         K.threads_for(len(r) * self.row_bytes * X.shape[0])
         KERNELS[self.kind].matmul(self, X, r, Y)
         return Y

@@ -76,6 +76,18 @@ def test_silu_mul_agrees_with_silu():
     np.testing.assert_allclose(ggml_ops.silu_mul(x, g), ref, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("scale", [1, 30, 300])
+def test_silu_mul_vector_lanes_equal_the_scalar_lane(scale):
+    # the 16-lane IR (_swiglu16) against ``v_expf`` one lane at a time, bit for bit, over
+    # ordinary, underflowing (n < −192), overflowing and special inputs
+    x = RNG.standard_normal((2, 4096)).astype(np.float32) * scale
+    x[0, :10] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, -1e30, 88.7, -103.9, -150.0]
+    g = RNG.standard_normal((2, 4096)).astype(np.float32)
+    got, ref = ggml_ops.silu_mul(x, g), ggml_ops._silu_mul_lanes(x, g)
+    same = (got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))
+    assert same.all(), np.flatnonzero(~same)[:10]
+
+
 # --- against llama.cpp's own intermediate tensors ------------------------------------------
 class _GGMLTensor(ctypes.Structure):  # the head of ggml.h's struct ggml_tensor, up to its name
     _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
