@@ -2,15 +2,19 @@
 
 ``kernels_microbench.py`` reads matrices far larger than the cache, where a kernel runs at
 memory speed if its arithmetic keeps up; this one reads a few hundred KB of rows again and again
-(they stay in L2), so what it reports is the arithmetic's own ceiling. A kernel whose ceiling
-per core × cores is below the machine's memory bandwidth is compute-bound in decode. Measured
-on a 2-core AMD EPYC (znver4): Q8_0 23-24 GB/s, Q6_K 20.5, Q4_0 14.6-14.8, Q4_K 14.0,
-IQ4_XS 9.8 per core, against ~35 GB/s of memory for two cores.
+(they stay in L2), so what it reports is the arithmetic's own ceiling, two ways:
+
+* ``kernel_gb_s``: the four-row kernel alone (``dot4i_<type>``), called over the rows from one
+  compiled loop, the activations quantized once: the arithmetic's ceiling. A kernel whose
+  ceiling per core × cores is below the machine's memory bandwidth is compute-bound in decode.
+* ``call_gb_s``: whole ``mm_block_int8`` calls, as decode makes them: the activation row
+  quantized, the Python and numba dispatch, the kernel. At these sizes (~0.4-0.8 MB, 20-40 µs
+  a call) the fixed cost of a call weighs: on a 2-core AMD EPYC (znver4) Q4_0 ran 14.8 GB/s
+  per call against 22.3 alone, Q8_0 23.5 against 34.3, Q6_K 21.9 against 33.0.
 
     python benchmarks/kernels_in_cache.py [--k 4096] [--rows 192] [--types q8_0,q4_0,...] [--reps 5]
 
-Random valid blocks (tests/runtime/quant_blocks.random_blocks); each call quantizes the
-activation row as decode does (``mm_block_int8``). Prints one JSON object.
+Random valid blocks (tests/runtime/quant_blocks.random_blocks). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -48,18 +52,48 @@ def main() -> None:
     types = args.types.split(",")
     W = {t: random_blocks(t, args.rows, args.k // block_size(t.upper()), rng) for t in types}
     calls = {t: max(1, (256 << 20) // W[t].nbytes) for t in types}  # ~256 MB of reads per sample
-    best = {t: 0.0 for t in types}
-    for t in types:
-        K.mm_block_int8(t, W[t], X, rows, Y)  # compile
+    call, alone = {t: 0.0 for t in types}, {t: 0.0 for t in types}
+    loops = {t: _kernel_loop(t) for t in types}
+    xs = {t: (K.quantize_activations_k(X) if t in K.KQ_INT_KIND else K.quantize_activations(X, t in K.AFFINE_B32))
+          for t in types}
+    nb = {t: args.k // block_size(t.upper()) for t in types}
+    for t in types:  # compile
+        K.mm_block_int8(t, W[t], X, rows, Y)
+        loops[t](W[t], *(a[0] for a in xs[t]), nb[t], 1)
     for _ in range(args.reps):  # the types alternate, so drift hits all alike
         for t in types:
             start = time.perf_counter()
             for _ in range(calls[t]):
                 K.mm_block_int8(t, W[t], X, rows, Y)
-            best[t] = max(best[t], calls[t] * W[t].nbytes / (time.perf_counter() - start) / 1e9)
+            call[t] = max(call[t], calls[t] * W[t].nbytes / (time.perf_counter() - start) / 1e9)
+            start = time.perf_counter()
+            loops[t](W[t], *(a[0] for a in xs[t]), nb[t], calls[t])
+            alone[t] = max(alone[t], calls[t] * W[t].nbytes / (time.perf_counter() - start) / 1e9)
     print(json.dumps({"k": args.k, "rows": args.rows, "threads": 1, "int_dot": K.int_dot_features(),
-                      "gb_s": {t: round(v, 2) for t, v in best.items()},
+                      "kernel_gb_s": {t: round(v, 2) for t, v in alone.items()},
+                      "call_gb_s": {t: round(v, 2) for t, v in call.items()},
                       "kb_per_matrix": {t: W[t].nbytes // 1024 for t in types}}))
+
+
+def _kernel_loop(fmt: str):
+    """A compiled loop calling the four-row kernel of ``fmt`` over every row ``reps`` times."""
+    from numba import njit
+
+    dot = getattr(K, f"dot4i_{fmt}")
+
+    @njit
+    def run(W, xq, xd, xs, nb, reps):
+        tot = np.float32(0)
+        n = W.shape[0]
+        for _ in range(reps):
+            for g in range(n // 4):
+                i = 4 * g
+                nx = min(i + 4, n - 4)  # the next group, as the matmul's prefetch sees it
+                y = dot(W[i], W[i + 1], W[i + 2], W[i + 3], W[nx], W[nx + 1], W[nx + 2], W[nx + 3], xq, xd, xs, nb)
+                tot += y[0] + y[1] + y[2] + y[3]
+        return tot
+
+    return run
 
 
 if __name__ == "__main__":

@@ -113,6 +113,19 @@ def vec_dot_f32(typingctx, x, y):
     return sig, codegen
 
 
+@intrinsic
+def f16_bits(typingctx, x):
+    """The IEEE half bits of float32 x rounded to nearest even (LLVM fptrunc: F16C's vcvtps2ph,
+    numpy's astype(float16)), as an int64 table index 0..65535."""
+    sig = types.int64(types.float32)
+
+    def codegen(context, builder, signature, args):
+        h = builder.fptrunc(args[0], ir.HalfType())
+        return builder.zext(builder.bitcast(h, ir.IntType(16)), ir.IntType(64))
+
+    return sig, codegen
+
+
 # ggml_v_expf (AVX-512): constants as ggml writes them in hexadecimal
 _R = F32(float.fromhex("0x1.8p23"))
 _LOG2E = F32(float.fromhex("0x1.715476p+0"))

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from runtime.ggml_ops import fma32
+from runtime.ggml_ops import f16_bits, fma32
 from runtime.kernels import axpy_f64_at, dot_f32_at
 
 
@@ -161,7 +161,17 @@ def _gelu_table() -> np.ndarray:
 
 def gelu_ggml(x: np.ndarray) -> np.ndarray:
     """GELU as llama.cpp's CPU backend computes it (tanh form, fp16 table), float32 out."""
-    x = np.asarray(x, np.float32)
-    with np.errstate(over="ignore"):  # |x| ≥ 65520 rounds to ±inf in fp16; those take the branches
-        y = _gelu_table()[x.astype(np.float16).view(np.uint16)]
-    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
+    x = np.ascontiguousarray(x, np.float32)
+    return _gelu_lookup(x.reshape(-1), _gelu_table()).reshape(x.shape)
+
+
+@njit(cache=True)
+def _gelu_lookup(x, table):
+    """ggml_vec_gelu_f32 (GGML_GELU_FP16): 0 at x ≤ −10, x at x ≥ 10, else the table at x's fp16
+    bits (|x| ≥ 65520 rounds to ±inf there, as in ggml). One compiled loop: as numpy (fp16
+    cast, gather, two selects) it took 0.27 ms per Falcon-7B FFN row of 18176."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = np.float32(0.0) if v <= -10 else (v if v >= 10 else table[f16_bits(v)])
+    return out

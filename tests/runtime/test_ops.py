@@ -124,3 +124,16 @@ def test_gelu_ggml_is_the_fp16_table_of_tanh_gelu() -> None:
     assert ops.gelu_ggml(np.array([1.0001], np.float32))[0] == ops.gelu_ggml(np.array([1.0], np.float32))[0]
     out = ops.gelu_ggml(np.array([-10.0, -1e6, 10.0, 12.5, 1e6], np.float32))
     assert out.tolist() == [0.0, 0.0, 10.0, 12.5, 1e6] and out.dtype == np.float32
+
+
+def test_gelu_ggml_rounds_to_fp16_as_numpy() -> None:
+    """The compiled look-up's fp16 index (LLVM fptrunc) is numpy's astype(float16), bit for bit,
+    over every 4099th float32 bit pattern (NaN, inf, subnormal, the overflow at 65520 included)."""
+    x = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = ops._gelu_table()[x.astype(np.float16).view(np.uint16)]
+        ref = np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
+    got = ops.gelu_ggml(x)
+    same = (got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))
+    assert same.all()
+    assert ops.gelu_ggml(x.reshape(-1, 7)[:5]).shape == (5, 7)  # any shape in, the same shape out
