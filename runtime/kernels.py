@@ -780,6 +780,44 @@ def _pair_quants(b, fmt, p, base, how):
     return n
 
 
+# Blocks up to this many bytes gather their chunk's scales with _strided_words, not one scalar
+# load and one vpinsrw per block and row. The kernels alone, rows in L2, one AMD EPYC (znver4)
+# thread, two alternated runs (benchmarks/kernels_in_cache.py's kernel_gb_s): Q4_0 (18 bytes)
+# 22.2/22.3 -> 23.5/23.3 GB/s, Q4_1 (20) 19.2/21.4 -> 22.9/22.4, Q5_0 (22) 18.8/18.8 ->
+# 19.8/19.6, IQ4_NL (18) 17.9/17.1 -> 17.9/18.4; Q5_1 (24) 16.4/18.4 -> 16.5/15.6 and Q8_0
+# (34: four words per permute, two loads each) 33.3/34.2 -> 31.9/32.3 keep the inserts.
+STRIDED_WORDS_MAX = 22
+
+
+def _strided_words(b, p, base, stride, n):
+    """<n x i16>: the 16-bit words at byte offsets base + u·stride (u < n) of uint8 row p, e.g.
+    the fp16 scales of n consecutive blocks. Groups of G blocks whose words lie within 128 bytes
+    each come from two 64-byte loads and one two-source word permute (AVX-512BW vpermt2w), the
+    second load ending at the group's last word, so nothing past the blocks is read."""
+    V32H = ir.VectorType(I16, 32)
+    g = 8 if 7 * stride + 2 <= 128 else 4
+    assert stride % 2 == 0 and 3 * stride + 2 <= 128 and n % g == 0
+    last = (g - 1) * stride + 2  # bytes a group spans
+    off2 = max(0, last - 64)  # the second load's start, relative to the group's
+    ty = base.type
+    groups = []
+    for q in range(n // g):
+        start = b.add(base, _c(ty, q * g * stride))
+        lo = _vload(b, p, start, V32H, 1)
+        hi = _vload(b, p, b.add(start, _c(ty, off2)), V32H, 1) if last > 64 else lo
+        idx = []
+        for u in range(g):
+            o = u * stride
+            idx.append(o // 2 if o + 2 <= 64 else 32 + (o - off2) // 2)
+            assert o + 2 <= 64 or 0 <= o - off2 <= 62
+        groups.append(b.shuffle_vector(lo, hi, _c(ir.VectorType(I32, g), idx)))
+    while len(groups) > 1:  # concatenate the groups' words in block order
+        groups = [b.shuffle_vector(groups[i], groups[i + 1], _c(ir.VectorType(I32, 2 * groups[i].type.count),
+                                                                 list(range(2 * groups[i].type.count))))
+                  for i in range(0, len(groups), 2)]
+    return groups[0]
+
+
 def _zeros_f32(k, lanes=16):  # a struct of k zero <lanes x float>
     vt = ir.VectorType(F32, lanes)
     z = _c(vt, [0.0] * lanes)
@@ -864,7 +902,20 @@ def _dot4_b32_int_codegen(fmt):
             return builder.insert_value(accs, a8, j)
 
         def chunk(c, accs):
-            b0 = builder.mul(c, _c(ity, chunk_blocks))
+            return chunk_at(builder.mul(c, _c(ity, chunk_blocks)), accs)
+
+        def chunk_at(b0, accs, first=None):
+            # blocks b0 .. b0+15; with ``first``, those before it count zero (their scales and
+            # shift terms selected to 0: fma(0, p, acc) and acc + 0 leave acc as it was)
+            if first is None:
+                keep = None
+            else:
+                keep = builder.icmp_signed(">=", builder.add(_splat(builder, b0, chunk_blocks),
+                                                             _c(ir.VectorType(ity, chunk_blocks), list(range(chunk_blocks)))),
+                                           _splat(builder, first, chunk_blocks))
+
+            def masked(v):
+                return v if keep is None else builder.select(keep, v, _c(V16F, [0.0] * 16))
             # the next group's rows at this chunk's offset, into L2 (prefetcht1). Llama-3.1-8B-
             # dims Q8_0 matrices, 2 threads, ÷ an integer read of the same pages, 8 alternated
             # rounds, two runs each: into L1 0.883/0.877, into L2 0.908/0.912; each row's own
@@ -874,6 +925,9 @@ def _dot4_b32_int_codegen(fmt):
             v16h = ir.VectorType(I16, chunk_blocks)
 
             def f16s(j, k):  # the chunk's 16 fp16 field k (0: d, 1: m) of row j, one conversion
+                if how == "avx512vnni" and nbytes <= STRIDED_WORDS_MAX:
+                    return builder.fpext(builder.bitcast(_strided_words(builder, ws[j], builder.add(
+                        builder.mul(b0, _c(ity, nbytes)), _c(ity, 2 * k)), nbytes, chunk_blocks), ir.VectorType(HALF, chunk_blocks)), V16F)
                 v = ir.Constant(v16h, ir.Undefined)
                 for u in range(chunk_blocks):
                     off = builder.add(builder.mul(builder.add(b0, _c(ity, u)), _c(ity, nbytes)), _c(ity, 2 * k))
@@ -883,13 +937,13 @@ def _dot4_b32_int_codegen(fmt):
 
             dw = [f16s(j, 0) for j in range(ROWS)]
             dx = _vload(builder, xd, b0, V16F, 4)
-            sv = [builder.fmul(dw[j], dx, flags=FAST) for j in range(ROWS)]
+            sv = [masked(builder.fmul(dw[j], dx, flags=FAST)) for j in range(ROWS)]
             if shifted:  # lane u: block u's m_w·s_x or −offset·d_w·s_x
                 sx = _vload(builder, xs, b0, V16F, 4)
                 for j in range(ROWS):
                     f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
                                                                flags=FAST)
-                    accs = add_to(accs, ROWS + j, builder.fmul(f, sx, flags=FAST))
+                    accs = add_to(accs, ROWS + j, masked(builder.fmul(f, sx, flags=FAST)))
             # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
             # registers than pair after pair across the rows (Q8_0 ÷ the same pages' read, 8
             # alternated rounds, two runs each: 0.918/0.904 against 0.884/0.897)
@@ -945,10 +999,20 @@ def _dot4_b32_int_codegen(fmt):
 
         nchunk = builder.sdiv(nb, _c(ity, chunk_blocks))
         accs = _loop(builder, nchunk, _zeros_f32(nacc, 8 if fmt == "q8_0" else 16), chunk)
-        npair = builder.sdiv(builder.sub(nb, builder.mul(nchunk, _c(ity, chunk_blocks))), _c(ity, 2))
+        # blocks past the last whole chunk: with nb >= 16, one more chunk ending at the row's
+        # end, its blocks already counted masked (Falcon-7B's rows of 142 blocks: 8 chunks and
+        # 14 blocks. The kernels alone, rows in L2, one AMD EPYC thread, against the 7 pairs:
+        # Q4_0 20.8 -> 21.5-22.6 GB/s, Q5_0 17.7-18.1 -> 19.4, Q5_1 15.0-17.2 -> 18.0-18.8, Q8_0
+        # 32-37 either way); shorter rows by pairs, then one block
+        done = builder.mul(nchunk, _c(ity, chunk_blocks))
+        whole = builder.icmp_signed(">=", nb, _c(ity, chunk_blocks))
+        ragged = builder.and_(whole, builder.icmp_signed("<", done, nb))
+        accs = _loop(builder, builder.zext(ragged, ity), accs,
+                     lambda i, a: chunk_at(builder.sub(nb, _c(ity, chunk_blocks)), a, first=done))
+        npair = builder.select(whole, _c(ity, 0), builder.sdiv(builder.sub(nb, done), _c(ity, 2)))
         accs = _loop(builder, npair, accs, tail_pair)
-        accs = _loop(builder, nb, accs, tail,
-                     start=builder.add(builder.mul(nchunk, _c(ity, chunk_blocks)), builder.mul(npair, _c(ity, 2))))
+        start = builder.add(done, builder.mul(npair, _c(ity, 2)))
+        accs = _loop(builder, builder.select(whole, start, nb), accs, tail, start=start)
         out = []
         for j in range(ROWS):
             v = builder.extract_value(accs, j)
