@@ -88,3 +88,29 @@ def test_generate_and_bench_take_threads(exported, tmp_path):
         assert json.loads((out / "aios-bench.json").read_text())["settings"]["threads"] == 1
     finally:
         numba.set_num_threads(before)
+
+
+def test_llamacpp_worker_runs_without_our_openmp_setting(exported, monkeypatch):
+    """The benchmarks' llama.cpp runs in a child whose environment lacks what runtime.kernels set
+    (libgomp is one per process: in ours, llama.cpp's threads would wait as ours do), and
+    answers decode requests there."""
+    pytest.importorskip("llama_cpp")
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp_worker.py"
+    spec = importlib.util.spec_from_file_location("llamacpp_worker", src)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    monkeypatch.setattr(K, "OMP_SET_HERE", ("GOMP_SPINCOUNT",))
+    monkeypatch.setenv("GOMP_SPINCOUNT", K.SPIN_COUNT)
+    monkeypatch.setenv("OMP_PROC_BIND", "false")  # the user's own setting stays
+    env = worker.clean_env()
+    assert "GOMP_SPINCOUNT" not in env and env["OMP_PROC_BIND"] == "false"
+    path, _ = exported("tiny-falcon", "f32")
+    lc = worker.LlamaCpp(path)
+    try:
+        assert lc(3)["decode_tok_s"] > 0
+    finally:
+        lc.close()
+    assert lc.proc.returncode == 0
