@@ -2,11 +2,12 @@
 
 Why a separate process: llama.cpp's CPU backend runs its threads through OpenMP, the same
 libgomp that numba's threading layer uses, and libgomp reads its wait policy once per process.
-``runtime.kernels`` sets OMP_WAIT_POLICY=PASSIVE for its own threads (see the comment there), so
-a llama.cpp loaded into the same process ran with its threads sleeping between parallel regions
-instead of spinning as its default does: on a 2-core AMD EPYC, Llama-3.1-8B-dims Q4_0, 31.6-32.2
-tok/s in our process against 33.0-34.4 with spinning allowed (alternated processes). Here it runs
-with the environment it would have on its own: the benchmark's, minus what our runtime set.
+``runtime.kernels`` sets the wait of its own threads at import (OMP_WAIT_POLICY=PASSIVE until
+2026-11-25, GOMP_SPINCOUNT=3000 since; see the comment there), so a llama.cpp loaded into the same
+process waits that way too. Passive, its threads slept between parallel regions instead of
+spinning as its default lets them: on a 2-core AMD EPYC, Llama-3.1-8B-dims Q4_0, 31.6-32.2 tok/s
+in our process against 33.0-34.4 with spinning allowed (alternated processes). Here it runs with
+the environment it would have on its own: the benchmark's, minus what our runtime set.
 
 This module imports nothing of the runtime, so a child that runs it keeps llama.cpp's defaults.
 
