@@ -673,16 +673,20 @@ V8F = ir.VectorType(F32, 8)
 V64I8 = ir.VectorType(I8, 64)
 
 
-def int_dot_features() -> str:
-    """The integer dot the int8 kernels are built with here: "avx512vnni", "avxvnni", "avx2" or
-    "generic", from the features numba compiles for (the host's, or NUMBA_CPU_FEATURES)."""
+def compile_features() -> set[str]:
+    """The CPU features numba compiles for: the host's, or those NUMBA_CPU_FEATURES names."""
     from llvmlite import binding
     from numba.core import config
 
     if config.CPU_FEATURES is not None:  # as numba's codegen: these replace the host's features
-        feats = {f.strip()[1:] for f in config.CPU_FEATURES.split(",") if f.strip().startswith("+")}
-    else:
-        feats = {k for k, v in binding.get_host_cpu_features().items() if v}
+        return {f.strip()[1:] for f in config.CPU_FEATURES.split(",") if f.strip().startswith("+")}
+    return {k for k, v in binding.get_host_cpu_features().items() if v}
+
+
+def int_dot_features() -> str:
+    """The integer dot the int8 kernels are built with here: "avx512vnni", "avxvnni", "avx2" or
+    "generic", from the features numba compiles for (the host's, or NUMBA_CPU_FEATURES)."""
+    feats = compile_features()
     if {"avx512vnni", "avx512bw"} <= feats:
         return "avx512vnni"
     if "avxvnni" in feats:
@@ -818,6 +822,71 @@ def _strided_words(b, p, base, stride, n):
     return groups[0]
 
 
+# How _quad_quants gathers a quad's quant bytes: two 64-byte loads and one vpermt2b, or four
+# 16-byte loads and inserts. The kernels alone, rows in L2, one AMD EPYC (znver4) thread, k 4096,
+# alternated runs (kernels_in_cache.py's kernel_gb_s): Q4_0 35.2/31.9 against 30.9/30.5 GB/s,
+# Q4_1 29.6/33.2 against 29.5/29.5, IQ4_NL 25.2/25.7 against 23.6/23.6; Q5_0 19.9/19.8 against
+# 23.3/22.5 and Q5_1 23.6/23.1 (with the fifth bits by vpshufbitqmb) against 25.3/25.0.
+QUAD_INSERT = {"q5_0", "q5_1"}
+
+
+def _quad_quants(b, fmt, p, base):
+    """(lo, hi), two <64 x i8>: lane 16q+i of lo is value i of block q (q < 4, the blocks at
+    ``base`` and the three after it) and of hi its value 16+i, unsigned without the offset (the
+    4/5-bit types) or IQ4_NL's signed table values. The four blocks' 64 quant bytes come from
+    two 64-byte loads within the quad's bytes and one two-source byte permute (AVX-512 VBMI
+    vpermt2b), or from four 16-byte loads (QUAD_INSERT); one AND gives the low nibbles and one
+    shift the high ones."""
+    nb, qs = B32_BYTES[fmt], B32_QS[fmt]
+    ty = base.type
+    span = 4 * nb
+    if fmt not in QUAD_INSERT and "avx512vbmi" in compile_features():  # else LLVM's byte shuffles
+        lo_ld = _vload(b, p, base, V64I8, 1)
+        off2 = span - 64
+        hi_ld = _vload(b, p, b.add(base, _c(ty, off2)), V64I8, 1)
+        idx = []
+        for q in range(4):
+            for i in range(16):
+                o = q * nb + qs + i
+                idx.append(o if o < 64 else 64 + o - off2)
+        packed = b.shuffle_vector(lo_ld, hi_ld, _c(ir.VectorType(I32, 64), idx))
+    else:
+        V16I8 = ir.VectorType(I8, 16)
+        parts = [_vload(b, p, b.add(base, _c(ty, q * nb + qs)), V16I8, 1) for q in range(4)]
+        packed = _concat(b, _concat(b, parts[0], parts[1]), _concat(b, parts[2], parts[3]))
+    lo = b.and_(packed, _c(V64I8, [15] * 64))
+    hi = b.lshr(packed, _c(V64I8, [4] * 64))
+    if fmt == "iq4_nl":
+        return _lookup16_pshufb(b, lo, "avx512vnni"), _lookup16_pshufb(b, hi, "avx512vnni")
+    if fmt in ("q5_0", "q5_1"):  # the fifth bits: qh bit i of block q to lane 16q+i (lo), 16+i (hi)
+        I64 = ir.IntType(64)
+        qh = [b.zext(b.load(b.bitcast(b.gep(p, [b.add(base, _c(ty, qs - 4 + nb * q))]), I32.as_pointer()),
+                            align=1), I64) for q in range(4)]
+        lo16 = _c(I64, 0xFFFF)
+        mlo = mhi = None
+        for q in range(4):
+            a = b.shl(b.and_(qh[q], lo16), _c(I64, 16 * q))
+            c = b.shl(b.lshr(qh[q], _c(I64, 16)), _c(I64, 16 * q))
+            mlo = a if mlo is None else b.or_(mlo, a)
+            mhi = c if mhi is None else b.or_(mhi, c)
+        V1 = ir.VectorType(ir.IntType(1), 64)
+        s16, z = _c(V64I8, [16] * 64), _c(V64I8, [0] * 64)
+        lo = b.or_(lo, b.select(b.bitcast(mlo, V1), s16, z))
+        hi = b.or_(hi, b.select(b.bitcast(mhi, V1), s16, z))
+    return lo, hi
+
+
+def _quad_x(b, xq, blk, ity):
+    """(x_lo, x_hi) for the quad of blocks from ``blk``: values 0-15 and 16-31 of each of the four
+    blocks, in _quad_quants' lane order (16-byte granules: vshufi64x2)."""
+    x0 = _vload(b, xq, b.mul(blk, _c(ity, QK)), V64I8, 1)
+    x1 = _vload(b, xq, b.mul(b.add(blk, _c(ity, 2)), _c(ity, QK)), V64I8, 1)
+    lo = [16 * g + i for g in (0, 2, 4, 6) for i in range(16)]
+    hi = [16 * g + i for g in (1, 3, 5, 7) for i in range(16)]
+    v = ir.VectorType(I32, 64)
+    return b.shuffle_vector(x0, x1, _c(v, lo)), b.shuffle_vector(x0, x1, _c(v, hi))
+
+
 def _zeros_f32(k, lanes=16):  # a struct of k zero <lanes x float>
     vt = ir.VectorType(F32, lanes)
     z = _c(vt, [0.0] * lanes)
@@ -944,6 +1013,8 @@ def _dot4_b32_int_codegen(fmt):
                     f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
                                                                flags=FAST)
                     accs = add_to(accs, ROWS + j, masked(builder.fmul(f, sx, flags=FAST)))
+            if quads:
+                return quads_of(b0, accs, sv)
             # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
             # registers than pair after pair across the rows (Q8_0 ÷ the same pages' read, 8
             # alternated rounds, two runs each: 0.918/0.904 against 0.884/0.897)
@@ -951,6 +1022,34 @@ def _dot4_b32_int_codegen(fmt):
             for j in range(ROWS):
                 for u in range(0, chunk_blocks, 2):
                     accs = pair(b0, u, j, *xpairs[u], accs, sv)
+            return accs
+
+        quads = how == "avx512vnni" and fmt != "q8_0"
+
+        def quads_of(b0, accs, sv):
+            # the chunk as four quads of blocks: per row and quad two vpdpbusd into the same
+            # lanes (low nibbles, then high), so one conversion, one scale permute and one FMA
+            # per 128 values instead of per 64
+            xs4 = []
+            for q in range(0, chunk_blocks, 4):
+                xl, xh = _quad_x(builder, xq, builder.add(b0, _c(ity, q)), ity)
+                corr = None
+                if biased:
+                    c = _idot_u8s8(builder, m128, xl, how)
+                    corr = builder.sub(_c(V16I32, [0] * 16), _idot_u8s8(builder, m128, xh, how, acc=c))
+                xs4.append((xl, xh, corr))
+            for j in range(ROWS):
+                for qi, q in enumerate(range(0, chunk_blocks, 4)):
+                    xl, xh, corr = xs4[qi]
+                    blk = builder.add(b0, _c(ity, q))
+                    wl, wh = _quad_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)))
+                    if biased:
+                        isum = _idot_u8s8(builder, builder.xor(wl, m128), xl, how, acc=corr)
+                        isum = _idot_u8s8(builder, builder.xor(wh, m128), xh, how, acc=isum)
+                    else:
+                        isum = _idot_u8s8(builder, wh, xh, how, acc=_idot_u8s8(builder, wl, xl, how))
+                    sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, [q + u for u in range(4) for _ in range(4)]))
+                    accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
             return accs
 
         def tail(blk, accs):  # one block, its bytes in the first half of a pair (the rest zero)
@@ -1374,6 +1473,19 @@ def _q4_k_row_int(b, p, base, xv, bs, how, q5=False):
     xv: the block's 256 q_x as four <64 x i8>, bs: its bsums <16 x i16>."""
     sm = _q4_k_scales_mins(b, p, base)
     acc = _c(V16I32, [0] * 16)
+    if how == "avx512vnni" and not q5:
+        # xv as _kq_x_halves arranged it. 64 bytes at a time: the low nibbles are sub-blocks
+        # 4h and 4h + 2, the high ones 4h + 1 and 4h + 3; each sub-block's scale spread by one
+        # word permute of the eight scales widened once
+        s16 = b.zext(b.shuffle_vector(sm, sm, _c(ir.VectorType(I32, 8), list(range(8)))), ir.VectorType(I16, 8))
+        for h in range(2):
+            q = _vload(b, p, b.add(base, _c(base.type, Q4K_QS + 64 * h)), V64I8, 1)
+            for part, w in enumerate((b.and_(q, _c(V64I8, [15] * 64)), b.lshr(q, _c(V64I8, [4] * 64)))):
+                j = 4 * h + part
+                sc = b.shuffle_vector(s16, s16, _c(ir.VectorType(I32, 32), [j] * 16 + [j + 2] * 16))
+                acc = _madd_acc(b, acc, _maddubs(b, w, xv[2 * h + part], how), sc, how)
+        mins = _madd_wd(b, _spread(b, sm, [8 + i // 2 for i in range(16)], b.zext), bs, how)
+        return acc, mins
     H = _vload(b, p, b.add(base, _c(base.type, Q5K_QH)), V32I8, 1) if q5 else None
     sixteen = _c(V32I8, [16] * 32)
     for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high ones
@@ -1509,6 +1621,10 @@ def _dot4_kq_int_codegen(fmt):
             xv = [_vload(builder, xq, builder.add(xo, _c(ity, 64 * u)), V64I8, 1) for u in range(4)]
             if fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
                 xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
+            if fmt == "q4_k" and how == "avx512vnni":  # sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+                v = ir.VectorType(I32, 64)
+                xv = [builder.shuffle_vector(xv[2 * h], xv[2 * h + 1], _c(v, [32 * part + i for i in range(32)] + [64 + 32 * part + i for i in range(32)]))
+                      for h in range(2) for part in range(2)]
             bs = _vload(builder, xb, builder.mul(sb, _c(ity, QK_K // 16)), V16I16, 2)
             dx = builder.load(builder.gep(xd, [sb]))
             for r in range(ROWS):

@@ -229,6 +229,9 @@ def test_cli_arithmetic_option(exported, arithmetic):
 
 @pytest.mark.parametrize("cpu,features,want", [
     ("haswell", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt", "avx2"),
+    # AVX-512 VNNI without VBMI: the quads' byte gathers by inserts, LLVM's own byte shuffles
+    ("cascadelake", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512cd,+avx512vnni",
+     "avx512vnni"),
     ("alderlake", "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+avxvnni", "avxvnni"),
     pytest.param("sandybridge", "+avx,+f16c,+sse4.2,+popcnt", "generic", marks=pytest.mark.slow),  # 40 s
 ])
