@@ -1863,10 +1863,28 @@ def _quantize_q8_blocks(X):
     return xq, xd, xs
 
 
-def _fp16(a: np.ndarray) -> np.ndarray:
-    """float32 values rounded to fp16 (nearest even, as F16C's vcvtps2ph and ggml's FP32_TO_FP16);
-    numpy does it because numba has no float16."""
-    return a.astype(np.float16).astype(np.float32)
+@intrinsic
+def round_f16(typingctx, x):
+    """float32 x rounded to fp16 and back: nearest even, as F16C's vcvtps2ph, ggml's
+    FP32_TO_FP16 and numpy's astype(float16) (LLVM fptrunc/fpext; numba has no float16)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], HALF), F32)
+
+    return types.float32(types.float32), codegen
+
+
+@njit(cache=True)
+def _quantize_q8_stored(X, affine):
+    """``quantize_activations`` in one compiled call: with d and s rounded to fp16 in numpy
+    (astype) a call took 5.6 µs at k 4096 and 12.6 at 14336, in one call 4.0 and 9.9."""
+    xq, xd, xs = _quantize_q8_blocks(X)
+    for t in range(xd.shape[0]):
+        for b in range(xd.shape[1]):
+            d, isum = xd[t, b], xs[t, b]
+            d16 = round_f16(d)
+            xd[t, b] = d16
+            xs[t, b] = round_f16(d * isum) if affine else d16 * isum
+    return xq, xd, xs
 
 
 def quantize_activations(X, affine: bool = False):
@@ -1875,9 +1893,7 @@ def quantize_activations(X, affine: bool = False):
     see it: d·Σq for the Q8_0 partners (Q8_0, Q4_0, Q5_0, IQ4_NL: ggml subtracts the offset from
     the quants, which is exactly −offset·d·Σq), and for the Q8_1 partners (``affine``: Q4_1,
     Q5_1) the stored fp16 of d·Σq taken before d's rounding. The kernels read both as float32."""
-    xq, xd, isum = _quantize_q8_blocks(X)
-    d16 = _fp16(xd)
-    return xq, d16, _fp16(xd * isum) if affine else d16 * isum
+    return _quantize_q8_stored(X, affine)
 
 
 AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products take Q8_1 activations

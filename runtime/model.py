@@ -366,7 +366,11 @@ class Model:
             rows = self._predicted_rows(h, layer)
             if self.measure_fnr and h.shape[0] == 1:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
-        if "ffn_gate.weight" in L:
+        if "ffn_gate.weight" in L and self.mode == "dense" and self._activation() == GGML_SILU:
+            # ggml's SwiGLU in one pass: silu(gate)·up, the bits of silu(gate)·1 then ·up
+            g = self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias"))
+            a = ggml_ops.silu_mul(g, self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")))
+        elif "ffn_gate.weight" in L:
             g = _act(self._activation(), self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
                      hp.activation_threshold)
             if self.mode != "dense":
