@@ -1535,6 +1535,23 @@ def _iq4_xs_row_int(b, p, base, xv, bs, how):
         hi = b.and_(b.lshr(sh, _c(I32, 2 * j)), _c(I32, 3))
         ls = b.insert_element(ls, b.trunc(b.sub(b.or_(lo, b.shl(hi, _c(I32, 4))), _c(I32, 32)), I8), _c(I32, j))
     acc = _c(V16I32, [0] * 16)
+    if how == "avx512vnni":
+        # xv as _kq_x_quads arranged it. The table plus 128 is unsigned (1..241), so vpdpbusd
+        # takes it as it is: per 64 bytes (sub-blocks 4h..4h+3) the low and the high nibbles'
+        # products go into the same four lanes per sub-block, times its scale by one vpmulld;
+        # the 128·Σx it added comes off once per super-block from the bsums
+        t128 = _c(V64I8, [v + 128 for v in KVALUES_IQ4NL] * 4)
+        shuf = _declare(b, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
+        for h in range(2):
+            q = _vload(b, p, off(IQ4XS_QS + 64 * h), V64I8, 1)
+            ul = b.call(shuf, [t128, b.and_(q, _c(V64I8, [15] * 64))])
+            uh = b.call(shuf, [t128, b.lshr(q, _c(V64I8, [4] * 64))])
+            isum = _idot_u8s8(b, uh, xv[2 * h + 1], how, acc=_idot_u8s8(b, ul, xv[2 * h], how))
+            sc = b.sext(b.shuffle_vector(ls, ls, _c(V16I32, [4 * h + i // 4 for i in range(16)])), V16I32)
+            acc = b.add(acc, b.mul(isum, sc))
+        corr = _madd_wd(b, _spread(b, ls, [i // 2 for i in range(16)], b.sext), bs, how)  # ls_j·Σx_j
+        corr = b.shl(_concat(b, corr, _c(ir.VectorType(I32, 8), [0] * 8)), _c(V16I32, [7] * 16))
+        return b.sub(acc, corr), None
     zero = _c(V64I8, [0] * 64)
     for jj in range(4):
         q = _vload(b, p, off(IQ4XS_QS + 32 * jj), V32I8, 1)
@@ -1619,7 +1636,11 @@ def _dot4_kq_int_codegen(fmt):
             base = builder.mul(sb, _c(ity, nbytes))
             xo = builder.mul(sb, _c(ity, QK_K))
             xv = [_vload(builder, xq, builder.add(xo, _c(ity, 64 * u)), V64I8, 1) for u in range(4)]
-            if fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
+            if fmt == "iq4_xs" and how == "avx512vnni":  # values 0-15, then 16-31, of sub-blocks 4h..4h+3
+                v = ir.VectorType(I32, 64)
+                xv = [builder.shuffle_vector(xv[2 * h], xv[2 * h + 1], _c(v, [32 * g + 16 * part + i for g in range(4) for i in range(16)]))
+                      for h in range(2) for part in range(2)]
+            elif fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
                 xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
             if fmt == "q4_k" and how == "avx512vnni":  # sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
                 v = ir.VectorType(I32, 64)
