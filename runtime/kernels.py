@@ -1473,15 +1473,23 @@ def _q4_k_row_int(b, p, base, xv, bs, how, q5=False):
     xv: the block's 256 q_x as four <64 x i8>, bs: its bsums <16 x i16>."""
     sm = _q4_k_scales_mins(b, p, base)
     acc = _c(V16I32, [0] * 16)
-    if how == "avx512vnni" and not q5:
-        # xv as _kq_x_halves arranged it. 64 bytes at a time: the low nibbles are sub-blocks
-        # 4h and 4h + 2, the high ones 4h + 1 and 4h + 3; each sub-block's scale spread by one
-        # word permute of the eight scales widened once
+    if how == "avx512vnni":
+        # xv as the caller arranged it for Q4_K/Q5_K. 64 bytes at a time: the low nibbles are
+        # sub-blocks 4h and 4h + 2, the high ones 4h + 1 and 4h + 3; each sub-block's scale
+        # spread by one word permute of the eight scales widened once. Q5_K's fifth bits: qh
+        # twice in one vector, bit j of byte l tested per lane (vptestmb) and added as 16
         s16 = b.zext(b.shuffle_vector(sm, sm, _c(ir.VectorType(I32, 8), list(range(8)))), ir.VectorType(I16, 8))
+        if q5:
+            h32 = _vload(b, p, b.add(base, _c(base.type, Q5K_QH)), V32I8, 1)
+            H64 = _concat(b, h32, h32)
+            zero, sixteen = _c(V64I8, [0] * 64), _c(V64I8, [16] * 64)
         for h in range(2):
-            q = _vload(b, p, b.add(base, _c(base.type, Q4K_QS + 64 * h)), V64I8, 1)
+            q = _vload(b, p, b.add(base, _c(base.type, (Q5K_QS if q5 else Q4K_QS) + 64 * h)), V64I8, 1)
             for part, w in enumerate((b.and_(q, _c(V64I8, [15] * 64)), b.lshr(q, _c(V64I8, [4] * 64)))):
                 j = 4 * h + part
+                if q5:
+                    bit = b.icmp_unsigned("!=", b.and_(H64, _c(V64I8, [1 << j] * 32 + [1 << (j + 2)] * 32)), zero)
+                    w = b.or_(w, b.select(bit, sixteen, zero))
                 sc = b.shuffle_vector(s16, s16, _c(ir.VectorType(I32, 32), [j] * 16 + [j + 2] * 16))
                 acc = _madd_acc(b, acc, _maddubs(b, w, xv[2 * h + part], how), sc, how)
         mins = _madd_wd(b, _spread(b, sm, [8 + i // 2 for i in range(16)], b.zext), bs, how)
@@ -1642,7 +1650,7 @@ def _dot4_kq_int_codegen(fmt):
                       for h in range(2) for part in range(2)]
             elif fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
                 xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
-            if fmt == "q4_k" and how == "avx512vnni":  # sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+            if fmt in ("q4_k", "q5_k") and how == "avx512vnni":  # sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
                 v = ir.VectorType(I32, 64)
                 xv = [builder.shuffle_vector(xv[2 * h], xv[2 * h + 1], _c(v, [32 * part + i for i in range(32)] + [64 + 32 * part + i for i in range(32)]))
                       for h in range(2) for part in range(2)]
