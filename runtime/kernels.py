@@ -1578,6 +1578,17 @@ def _q2_k_row_int(b, p, base, xv, bs, how):
     sm = _vload(b, p, base, ir.VectorType(I8, 16), 1)
     sc = b.and_(sm, _c(sm.type, [15] * 16))
     acc = _c(V16I32, [0] * 16)
+    if how == "avx512vnni":
+        # all 64 quant bytes at once: bits 2j give values 32j + l (lanes 0-31) and 128 + 32j + l
+        # (lanes 32-63), x arranged so by the caller; sub-block scales by one word permute
+        Q = _vload(b, p, b.add(base, _c(base.type, Q2K_QS)), V64I8, 1)
+        s16 = b.zext(sc, V16I16)
+        for j in range(4):
+            w = b.and_(b.lshr(Q, _c(V64I8, [2 * j] * 64)) if j else Q, _c(V64I8, [3] * 64))
+            lanes = [2 * j] * 8 + [2 * j + 1] * 8 + [8 + 2 * j] * 8 + [9 + 2 * j] * 8
+            acc = _madd_acc(b, acc, _maddubs(b, w, xv[j], how), b.shuffle_vector(s16, s16, _c(ir.VectorType(I32, 32), lanes)), how)
+        mins = b.zext(b.lshr(sm, _c(sm.type, [4] * 16)), V16I16)
+        return acc, _madd_wd(b, mins, bs, how)
     for n in range(2):
         Q = _vload(b, p, b.add(base, _c(base.type, Q2K_QS + 32 * n)), V32I8, 1)
         for h in range(2):
@@ -1650,6 +1661,10 @@ def _dot4_kq_int_codegen(fmt):
                       for h in range(2) for part in range(2)]
             elif fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
                 xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
+            if fmt == "q2_k" and how == "avx512vnni":  # values 32j..32j+31 and 128+32j..128+32j+31
+                v = ir.VectorType(I32, 64)
+                xv = [builder.shuffle_vector(xv[j // 2], xv[2 + j // 2], _c(v, [32 * (j % 2) + i for i in range(32)] + [64 + 32 * (j % 2) + i for i in range(32)]))
+                      for j in range(4)]
             if fmt in ("q4_k", "q5_k") and how == "avx512vnni":  # sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
                 v = ir.VectorType(I32, 64)
                 xv = [builder.shuffle_vector(xv[2 * h], xv[2 * h + 1], _c(v, [32 * part + i for i in range(32)] + [64 + 32 * part + i for i in range(32)]))
