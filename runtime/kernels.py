@@ -1617,7 +1617,18 @@ def _q3_k_row_int(b, p, base, xv, bs, how):
     sc = b.sub(b.bitcast(v, ir.VectorType(I8, 16)), _c(ir.VectorType(I8, 16), [32] * 16))
     H = _vload(b, p, off(0), V32I8, 1)
     acc = _c(V16I32, [0] * 16)
-    for n in range(2):
+    if how == "avx512vnni":  # as Q2_K's: 64 quant bytes at once, x arranged so by the caller
+        Q = _vload(b, p, off(Q3K_QS), V64I8, 1)
+        H64 = _concat(b, H, H)
+        zero, four = _c(V64I8, [0] * 64), _c(V64I8, [4] * 64)
+        s16 = b.sext(sc, V16I16)
+        for j in range(4):
+            w = b.and_(b.lshr(Q, _c(V64I8, [2 * j] * 64)) if j else Q, _c(V64I8, [3] * 64))
+            bit = b.icmp_unsigned("!=", b.and_(H64, _c(V64I8, [1 << j] * 32 + [1 << (4 + j)] * 32)), zero)
+            w = b.select(bit, b.or_(w, four), w)
+            lanes = [2 * j] * 8 + [2 * j + 1] * 8 + [8 + 2 * j] * 8 + [9 + 2 * j] * 8
+            acc = _madd_acc(b, acc, _maddubs(b, w, xv[j], how), b.shuffle_vector(s16, s16, _c(ir.VectorType(I32, 32), lanes)), how)
+    for n in range(2 if how != "avx512vnni" else 0):
         Q = _vload(b, p, off(Q3K_QS + 32 * n), V32I8, 1)
         q = [b.or_(_bits(b, Q, 2 * j, 3), b.shl(_bits(b, H, 4 * n + j, 1), _c(V32I8, [2] * 32))) for j in range(4)]
         for h in range(2):
@@ -1661,7 +1672,7 @@ def _dot4_kq_int_codegen(fmt):
                       for h in range(2) for part in range(2)]
             elif fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
                 xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
-            if fmt == "q2_k" and how == "avx512vnni":  # values 32j..32j+31 and 128+32j..128+32j+31
+            if fmt in ("q2_k", "q3_k") and how == "avx512vnni":  # values 32j..32j+31 and 128+32j..128+32j+31
                 v = ir.VectorType(I32, 64)
                 xv = [builder.shuffle_vector(xv[j // 2], xv[2 + j // 2], _c(v, [32 * (j % 2) + i for i in range(32)] + [64 + 32 * (j % 2) + i for i in range(32)]))
                       for j in range(4)]
