@@ -1544,7 +1544,8 @@ def _iq4_xs_row_int(b, p, base, xv, bs, how):
         ls = b.insert_element(ls, b.trunc(b.sub(b.or_(lo, b.shl(hi, _c(I32, 4))), _c(I32, 32)), I8), _c(I32, j))
     acc = _c(V16I32, [0] * 16)
     if how == "avx512vnni":
-        # xv as _kq_x_quads arranged it. The table plus 128 is unsigned (1..241), so vpdpbusd
+        # xv as _dot4_kq_int_codegen arranged it for IQ4_XS: values 0-15 of sub-blocks 4h..4h+3,
+        # then their values 16-31. The table plus 128 is unsigned (1..241), so vpdpbusd
         # takes it as it is: per 64 bytes (sub-blocks 4h..4h+3) the low and the high nibbles'
         # products go into the same four lanes per sub-block, times its scale by one vpmulld;
         # the 128·Σx it added comes off once per super-block from the bsums
@@ -1628,13 +1629,14 @@ def _q3_k_row_int(b, p, base, xv, bs, how):
             w = b.select(bit, b.or_(w, four), w)
             lanes = [2 * j] * 8 + [2 * j + 1] * 8 + [8 + 2 * j] * 8 + [9 + 2 * j] * 8
             acc = _madd_acc(b, acc, _maddubs(b, w, xv[j], how), b.shuffle_vector(s16, s16, _c(ir.VectorType(I32, 32), lanes)), how)
-    for n in range(2 if how != "avx512vnni" else 0):
-        Q = _vload(b, p, off(Q3K_QS + 32 * n), V32I8, 1)
-        q = [b.or_(_bits(b, Q, 2 * j, 3), b.shl(_bits(b, H, 4 * n + j, 1), _c(V32I8, [2] * 32))) for j in range(4)]
-        for h in range(2):
-            u = 2 * n + h
-            s16 = _spread(b, sc, [4 * u + i // 8 for i in range(32)], b.sext)
-            acc = _madd_acc(b, acc, _maddubs(b, _concat(b, q[2 * h], q[2 * h + 1]), xv[u], how), s16, how)
+    else:
+        for n in range(2):
+            Q = _vload(b, p, off(Q3K_QS + 32 * n), V32I8, 1)
+            q = [b.or_(_bits(b, Q, 2 * j, 3), b.shl(_bits(b, H, 4 * n + j, 1), _c(V32I8, [2] * 32))) for j in range(4)]
+            for h in range(2):
+                u = 2 * n + h
+                s16 = _spread(b, sc, [4 * u + i // 8 for i in range(32)], b.sext)
+                acc = _madd_acc(b, acc, _maddubs(b, _concat(b, q[2 * h], q[2 * h + 1]), xv[u], how), s16, how)
     offs = _madd_wd(b, b.sext(sc, V16I16), bs, how)  # Σ sc_g·bsum_g, 8 lanes
     offs = b.shuffle_vector(offs, _c(V8I32, [0] * 8), _c(V16I32, list(range(16))))
     return b.sub(acc, b.shl(offs, _c(V16I32, [2] * 16))), None
@@ -1642,6 +1644,20 @@ def _q3_k_row_int(b, p, base, xv, bs, how):
 
 _KQ_ROW_INT = {"q3_k": _q3_k_row_int, "q2_k": _q2_k_row_int, "q4_k": _q4_k_row_int, "q5_k": lambda *a: _q4_k_row_int(*a, q5=True), "q6_k": _q6_k_row_int,
                "iq4_xs": _iq4_xs_row_int}
+
+
+# The AVX-512 K-quant row functions' x: four <64 x i8> as (first source, second source, lanes of
+# the two concatenated), from the super-block's four 64-value vectors. Q2_K/Q3_K: values
+# 32j..32j+31 and 128+32j..128+32j+31 (step j); Q4_K/Q5_K: sub-blocks (0, 2), (1, 3), (4, 6),
+# (5, 7); IQ4_XS: values 0-15 of sub-blocks 4h..4h+3, then their values 16-31.
+KQ_X_ORDER = {
+    **{f: [(j // 2, 2 + j // 2, [32 * (j % 2) + i for i in range(32)] + [64 + 32 * (j % 2) + i for i in range(32)])
+           for j in range(4)] for f in ("q2_k", "q3_k")},
+    **{f: [(2 * h, 2 * h + 1, [32 * part + i for i in range(32)] + [64 + 32 * part + i for i in range(32)])
+           for h in range(2) for part in range(2)] for f in ("q4_k", "q5_k")},
+    "iq4_xs": [(2 * h, 2 * h + 1, [32 * g + 16 * part + i for g in range(4) for i in range(16)])
+               for h in range(2) for part in range(2)],
+}
 
 
 def _dot4_kq_int_codegen(fmt):
@@ -1666,20 +1682,11 @@ def _dot4_kq_int_codegen(fmt):
             base = builder.mul(sb, _c(ity, nbytes))
             xo = builder.mul(sb, _c(ity, QK_K))
             xv = [_vload(builder, xq, builder.add(xo, _c(ity, 64 * u)), V64I8, 1) for u in range(4)]
-            if fmt == "iq4_xs" and how == "avx512vnni":  # values 0-15, then 16-31, of sub-blocks 4h..4h+3
-                v = ir.VectorType(I32, 64)
-                xv = [builder.shuffle_vector(xv[2 * h], xv[2 * h + 1], _c(v, [32 * g + 16 * part + i for g in range(4) for i in range(16)]))
-                      for h in range(2) for part in range(2)]
+            if how == "avx512vnni" and fmt in KQ_X_ORDER:  # once for the four rows, in the row
+                v = ir.VectorType(I32, 64)                 # function's 64-byte steps' order
+                xv = [builder.shuffle_vector(xv[a], xv[c], _c(v, idx)) for a, c, idx in KQ_X_ORDER[fmt]]
             elif fmt == "iq4_xs":  # once for the four rows, to the weights' PAIR_ORDER
                 xv = [builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 64), PAIR_ORDER)) for v in xv]
-            if fmt in ("q2_k", "q3_k") and how == "avx512vnni":  # values 32j..32j+31 and 128+32j..128+32j+31
-                v = ir.VectorType(I32, 64)
-                xv = [builder.shuffle_vector(xv[j // 2], xv[2 + j // 2], _c(v, [32 * (j % 2) + i for i in range(32)] + [64 + 32 * (j % 2) + i for i in range(32)]))
-                      for j in range(4)]
-            if fmt in ("q4_k", "q5_k") and how == "avx512vnni":  # sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
-                v = ir.VectorType(I32, 64)
-                xv = [builder.shuffle_vector(xv[2 * h], xv[2 * h + 1], _c(v, [32 * part + i for i in range(32)] + [64 + 32 * part + i for i in range(32)]))
-                      for h in range(2) for part in range(2)]
             bs = _vload(builder, xb, builder.mul(sb, _c(ity, QK_K // 16)), V16I16, 2)
             dx = builder.load(builder.gep(xd, [sb]))
             for r in range(ROWS):
