@@ -51,7 +51,7 @@ import os
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from aios.quant import QK_K, block_size, type_size
 
@@ -335,7 +335,10 @@ def _dot8(kind):
 # Eight rows, not four: eight streams in flight and the x loads shared by eight rows. Matrices
 # of a Llama-3.1-8B-dims F16 file, 2 threads, alternated 8-10 rounds: 4 rows 27.1-27.8 GB/s,
 # 8 rows 28.6-29.2, 16 rows 27.5, where an integer read of the same pages (4 or 8 rows) ran
-# 31.0-31.6; one thread: 13.9 / 14.7 against 15.9.
+# 31.0-31.6; one thread: 13.9 / 14.7 against 15.9. (Those groups were eight rows side by side;
+# the kernel now takes them G apart, see _strided8. Strided, one row at a time was faster still
+# on the k = 4096 matrices alone, one thread 25.0 against 23.4 GB/s, but at k = 14336 it fell to
+# 12.3 against 24.3: x (57 KB as float32) no longer stays in L1 when eight rows do not share it.)
 dot8_f32, dot8_f16, dot8_bf16 = _dot8("f32"), _dot8("f16"), _dot8("bf16")
 
 
@@ -1734,30 +1737,67 @@ dot4i_iq4_xs, dot4i_q2_k, dot4i_q3_k = _dot4_kq_int("iq4_xs"), _dot4_kq_int("q2_
 
 
 # --- row groups ------------------------------------------------------------------------------
-@njit(fastmath=True, cache=True, inline="always")
-def _group(rows, g):
-    """The 4 row indices of group g (repeating the last row past the end)."""
-    last = rows.shape[0] - 1
-    b = 4 * g
-    return rows[min(b, last)], rows[min(b + 1, last)], rows[min(b + 2, last)], rows[min(b + 3, last)]
+# Every kernel takes ``rows``: the row indices to compute (the sparse paths' gathered rows) or
+# None for all of them. None compiles a specialization that computes the indices instead of
+# loading them from a list (measured over the dense matrices of Llama-3.1-8B-dims files, AMD
+# EPYC: the list 0..n-1 cost the F16 kernel ~8 %, the block kernels up to a few %).
+def _at(rows, j):
+    """Row j of a kernel's row list (numba only)."""
+
+
+@overload(_at, inline="always")
+def _at_impl(rows, j):
+    if isinstance(rows, types.NoneType):
+        return lambda rows, j: j
+    return lambda rows, j: rows[j]
+
+
+def _count(rows, W):
+    """How many rows a kernel computes: len(rows), or all of W's (numba only)."""
+
+
+@overload(_count, inline="always")
+def _count_impl(rows, W):
+    if isinstance(rows, types.NoneType):
+        return lambda rows, W: W.shape[0]
+    return lambda rows, W: rows.shape[0]
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _group8(rows, g):
-    """The 8 row indices of group g of eight (repeating the last row past the end)."""
-    last = rows.shape[0] - 1
-    b = 8 * g
-    return (rows[min(b, last)], rows[min(b + 1, last)], rows[min(b + 2, last)], rows[min(b + 3, last)],
-            rows[min(b + 4, last)], rows[min(b + 5, last)], rows[min(b + 6, last)], rows[min(b + 7, last)])
+def _group(rows, n, g):
+    """The 4 rows of group g, side by side: 4g .. 4g + 3 of the n (the last row past the end)."""
+    b = 4 * np.int64(g)
+    last = n - 1
+    return _at(rows, min(b, last)), _at(rows, min(b + 1, last)), _at(rows, min(b + 2, last)), _at(rows, min(b + 3, last))
+
+
+# The float kernels' groups of eight take their rows G apart (g, g + G, ..., g + 7G; G =
+# ceil(n / 8)): consecutive groups advance each position by one row, so over a dense matrix each
+# of the eight reads one unbroken stream of consecutive rows, where side-by-side groups started
+# eight streams afresh every eight rows. Llama-3.1-8B-dims F16, AMD EPYC (no software prefetch
+# there): the k = 4096 matrices read at 0.83-0.89 of a plain read of the same pages side by
+# side, 0.95-1.07 strided; one thread 19.6 -> 23.4 GB/s (k = 14336 unchanged, 24 GB/s). The
+# block kernels' groups of four stay side by side: they prefetch the next group into L2
+# themselves, and strided groups measured 3-6 % slower there on Q4_0 and Q4_K (Q8_0 +3 %).
+@njit(fastmath=True, cache=True, inline="always")
+def _strided8(rows, n, g, G):
+    """The 8 rows of group g, G apart (the last row past the end)."""
+    g = np.int64(g)
+    last = n - 1
+    return (_at(rows, min(g, last)), _at(rows, min(g + G, last)), _at(rows, min(g + 2 * G, last)),
+            _at(rows, min(g + 3 * G, last)), _at(rows, min(g + 4 * G, last)),
+            _at(rows, min(g + 5 * G, last)), _at(rows, min(g + 6 * G, last)),
+            _at(rows, min(g + 7 * G, last)))
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _store(Y, t, rows, g, y):
-    """Y[t, rows of group g] = y, the group's len(y) results (those past the end dropped)."""
-    b = len(y) * g
+def _store(Y, t, rows, n, b, step, y):
+    """Y[t, row b + u·step] = y[u] for the group's len(y) results (those past n dropped):
+    step 1 for a side-by-side group (b = 4g), G for a strided one (b = g)."""
+    b = np.int64(b)
     for u in range(len(y)):
-        if b + u < rows.shape[0]:
-            Y[t, rows[b + u]] = y[u]
+        if b + u * step < n:
+            Y[t, _at(rows, b + u * step)] = y[u]
 
 
 # --- dense rows: F32, F16, BF16 ---------------------------------------------------------------
@@ -1771,8 +1811,10 @@ F32_ROWS, F16_ROWS, BF16_ROWS = 0, 1, 2
 @njit(parallel=True, fastmath=True, cache=True)
 def _mm_float(W, X, rows, Y, kind):
     T, k = X.shape
-    for g in prange((rows.shape[0] + FLOAT_ROWS - 1) // FLOAT_ROWS):
-        i0, i1, i2, i3, i4, i5, i6, i7 = _group8(rows, g)
+    n = _count(rows, W)
+    G = (n + FLOAT_ROWS - 1) // FLOAT_ROWS
+    for g in prange(G):
+        i0, i1, i2, i3, i4, i5, i6, i7 = _strided8(rows, n, g, G)
         for t in range(T):
             if kind == F32_ROWS:
                 y = dot8_f32(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], X[t], k)
@@ -1780,10 +1822,10 @@ def _mm_float(W, X, rows, Y, kind):
                 y = dot8_f16(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], X[t], k)
             else:
                 y = dot8_bf16(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], X[t], k)
-            _store(Y, t, rows, g, y)
+            _store(Y, t, rows, n, g, G, y)
 
 
-def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64; Y (T, n)
+def mm_f32(W, X, rows, Y):  # W (n, k) f32; X (T, k); rows (r,) int64 or None (every row); Y (T, n)
     if X.shape[1] % 32:
         _mm_f32_rows(W, X, rows, Y)
     else:
@@ -1808,8 +1850,8 @@ def mm_bf16(W, X, rows, Y):  # W (n, k) uint16 holding bfloat16 bits
 @njit(parallel=True, fastmath=True, cache=True)
 def _mm_f32_rows(W, X, rows, Y):
     T, k = X.shape
-    for ii in prange(rows.shape[0]):
-        i = rows[ii]
+    for ii in prange(_count(rows, W)):
+        i = _at(rows, ii)
         for t in range(T):
             acc = np.float32(0.0)
             for j in range(k):
@@ -1820,8 +1862,8 @@ def _mm_f32_rows(W, X, rows, Y):
 @njit(parallel=True, fastmath=True, cache=True)
 def _mm_lut_rows(W, lut, X, rows, Y):  # W uint16 bits decoded through a 65536-entry table
     T, k = X.shape
-    for ii in prange(rows.shape[0]):
-        i = rows[ii]
+    for ii in prange(_count(rows, W)):
+        i = _at(rows, ii)
         for t in range(T):
             acc = np.float32(0.0)
             for j in range(k):
@@ -1839,9 +1881,10 @@ KQ_XSUM = {"q2_k": QK_K // 16, "q4_k": QK_K // 8, "q5_k": QK_K // 8}  # values p
 def _mm_b32(W, X, rows, Y, kind):  # W (n, k/32 · block bytes) uint8
     T, k = X.shape
     nb = k // QK
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
+    n = _count(rows, W)
+    for g in prange((n + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, n, g)
+        n0, n1, n2, n3 = _group(rows, n, g + 1)
         for t in range(T):
             if kind == 0:
                 y = dot4_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
@@ -1855,16 +1898,17 @@ def _mm_b32(W, X, rows, Y, kind):  # W (n, k/32 · block bytes) uint8
                 y = dot4_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
             else:
                 y = dot4_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], nb)
-            _store(Y, t, rows, g, y)
+            _store(Y, t, rows, n, 4 * g, 1, y)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; xs Σx per sub-block
     T, k = X.shape
     nsb = k // QK_K
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
+    n = _count(rows, W)
+    for g in prange((n + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, n, g)
+        n0, n1, n2, n3 = _group(rows, n, g + 1)
         for t in range(T):
             if kind == 0:
                 y = dot4_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
@@ -1878,7 +1922,7 @@ def _mm_kq(W, X, xs, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; xs �
                 y = dot4_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
             else:
                 y = dot4_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], X[t], xs[t], nsb)
-            _store(Y, t, rows, g, y)
+            _store(Y, t, rows, n, 4 * g, 1, y)
 
 
 def xsum(X, sub):
@@ -1965,9 +2009,10 @@ AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products 
 def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uint8; x quantized
     T = xq.shape[0]
     nb = xd.shape[1]
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
+    n = _count(rows, W)
+    for g in prange((n + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, n, g)
+        n0, n1, n2, n3 = _group(rows, n, g + 1)
         for t in range(T):
             if kind == 0:
                 y = dot4i_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
@@ -1981,7 +2026,7 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
                 y = dot4i_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
             else:
                 y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-            _store(Y, t, rows, g, y)
+            _store(Y, t, rows, n, 4 * g, 1, y)
 
 
 @njit(cache=True)
@@ -2040,9 +2085,10 @@ KQ_INT_KIND = {fmt: i for i, fmt in enumerate(KQ_INT)}  # the run-time ``kind`` 
 def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; x as Q8_K
     T = xq.shape[0]
     nsb = xd.shape[1]
-    for g in prange((rows.shape[0] + 3) // 4):
-        i0, i1, i2, i3 = _group(rows, g)
-        n0, n1, n2, n3 = _group(rows, g + 1)
+    n = _count(rows, W)
+    for g in prange((n + 3) // 4):
+        i0, i1, i2, i3 = _group(rows, n, g)
+        n0, n1, n2, n3 = _group(rows, n, g + 1)
         for t in range(T):
             if kind == 0:
                 y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
@@ -2056,7 +2102,7 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
                 y = dot4i_q3_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
             else:
                 y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-            _store(Y, t, rows, g, y)
+            _store(Y, t, rows, n, 4 * g, 1, y)
 
 
 def mm_block_int8(fmt, W, X, rows, Y):
@@ -2120,7 +2166,7 @@ def arithmetic_label(kinds=None) -> str:
 
 
 def mm_block(fmt, W, X, rows, Y):
-    """Y[:, rows] = X @ W[rows]ᵀ for a block type ``fmt`` (our lower-case name: "q8_0", "q4_k",
+    """Y[:, rows] = X @ W[rows]ᵀ (rows None: every row) for a block type ``fmt`` (our lower-case name: "q8_0", "q4_k",
     ...); W (n, bytes per row) uint8 holds each row's blocks exactly as the file stores them.
     Float arithmetic always; ``mm_block_arith`` follows the process's ``set_arithmetic``."""
     if fmt in B32_KIND:
@@ -2162,8 +2208,8 @@ def _sparse_rows(Wt, a, active, y, kind):  # Wt (d_ffn, n): F32 or F16/BF16 bits
         lo, hi = c * step, min(r, (c + 1) * step)
         act = active[lo:hi]
         for g in range((hi - lo + 3) // 4):
-            j0, j1, j2, j3 = _group(act, g)
-            n0, n1, n2, n3 = _group(act, g + 1)
+            j0, j1, j2, j3 = _group(act, hi - lo, g)
+            n0, n1, n2, n3 = _group(act, hi - lo, g + 1)
             coef = _coef(a, j0, j1, j2, j3, hi - lo - 4 * g)
             if kind == F32_ROWS:
                 axpy4_f32(part[c], Wt[j0], Wt[j1], Wt[j2], Wt[j3], coef, Wt[n0], Wt[n1], Wt[n2], Wt[n3], n)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Protocol
 
@@ -32,13 +31,6 @@ class Linear(Protocol):
     def parts(self) -> list["Matrix"]: ...
 
     def dense(self) -> np.ndarray: ...
-
-
-@functools.lru_cache(maxsize=64)
-def _all_rows(n: int) -> np.ndarray:
-    """0..n-1 as int64, shared by every matmul over n rows (writable, as the kernels' compiled
-    signatures take it; nothing writes to it)."""
-    return np.arange(n, dtype=np.int64)
 
 
 @dataclass
@@ -72,12 +64,10 @@ class Matrix:
         """Y (T, n_out) = X (T, n_in) @ Wᵀ; only ``rows`` are computed (others stay 0)."""
         X = np.ascontiguousarray(X, dtype=np.float32)
         assert X.shape[1] == self.n_in, (self.name, X.shape, self.n_in)
-        if rows is None:  # every row written: no zeroing; the row list made once per size
-            Y, r = np.empty((X.shape[0], self.n_out), np.float32), _all_rows(self.n_out)
-        else:
-            Y, r = np.zeros((X.shape[0], self.n_out), np.float32), rows
-        K.threads_for(len(r) * self.row_bytes * X.shape[0])
-        KERNELS[self.kind].matmul(self, X, r, Y)
+        # every row written (the kernels' rows=None: indices computed, not loaded): no zeroing
+        Y = (np.empty if rows is None else np.zeros)((X.shape[0], self.n_out), np.float32)
+        K.threads_for((self.n_out if rows is None else len(rows)) * self.row_bytes * X.shape[0])
+        KERNELS[self.kind].matmul(self, X, rows, Y)
         return Y
 
     def rows_f32(self, rows: np.ndarray) -> np.ndarray:
@@ -136,7 +126,7 @@ class KernelSpec:
 
     layout: Layout
     load: Callable[[str, np.ndarray, int, int], np.ndarray]  # (kind, raw, n_out, n_in) -> Matrix.data
-    matmul: Callable[[Matrix, np.ndarray, np.ndarray, np.ndarray], None]  # (m, X, rows, Y)
+    matmul: Callable[[Matrix, np.ndarray, np.ndarray | None, np.ndarray], None]  # (m, X, rows or None: all, Y)
     dense: Callable[[Matrix], np.ndarray]  # the float32 (n_out, n_in) values
     rows: Callable[[Matrix, np.ndarray], np.ndarray]  # float32 values of selected rows (embeddings)
     sparse: Callable[..., None] | None = None  # sparse_rows_* over Wᵀ (float element types only)
@@ -175,7 +165,7 @@ def _blocks(kind: str) -> KernelSpec:
     fmt = kind.lower()
     assert fmt in K.BLOCK_TYPES, kind
 
-    def matmul(m: Matrix, X: np.ndarray, r: np.ndarray, Y: np.ndarray) -> None:
+    def matmul(m: Matrix, X: np.ndarray, r: np.ndarray | None, Y: np.ndarray) -> None:
         K.mm_block_arith(fmt, m.data, X, r, Y)  # int8 or float activations (K.set_arithmetic)
 
     return KernelSpec("blocks", _load_blocks, matmul, _dense_blocks, _rows_blocks)

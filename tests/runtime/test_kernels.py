@@ -61,6 +61,37 @@ def test_float_rows_match_reference(kind: str, n: int, k: int, T: int) -> None:
         Y[:, np.setdiff1d(np.arange(n), rows)] = 0
         MM[kind](stored, X, rows.astype(np.int64), Y)
         np.testing.assert_allclose(Y, _ref(W, X, np.unique(rows)), atol=_tol(W, X), rtol=0)
+    Y = np.full((T, n), np.nan, np.float32)  # rows None: every row, each written
+    MM[kind](stored, X, None, Y)
+    np.testing.assert_allclose(Y, _ref(W, X, np.arange(n)), atol=_tol(W, X), rtol=0)
+
+
+def _every_kernel():
+    """(name, call(W, X, rows, Y), stored W for n rows of k values) for each dense kernel entry."""
+    out = [(kind, MM[kind], lambda n, k, kind=kind: _float_bits(RNG.standard_normal((n, k), dtype=np.float32), kind)[0])
+           for kind in MM]
+    for kind in K.BLOCK_TYPES:
+        vals = K.QK_K if kind in K.KQ_TYPES else K.QK
+        out.append((kind, lambda W, X, r, Y, kind=kind: K.mm_block(kind, W, X, r, Y),
+                    lambda n, k, kind=kind, vals=vals: random_blocks(kind, n, k // vals, RNG)))
+        if kind in K.INT8_ALL:
+            out.append((kind + "_int8", lambda W, X, r, Y, kind=kind: K.mm_block_int8(kind, W, X, r, Y),
+                        lambda n, k, kind=kind, vals=vals: random_blocks(kind, n, k // vals, RNG)))
+    return out
+
+
+@pytest.mark.parametrize("name,call,make", _every_kernel(), ids=lambda v: v if isinstance(v, str) else "")
+def test_rows_none_is_every_row_bit_for_bit(name, call, make) -> None:
+    """rows=None (the dense matmul: indices computed, not loaded) gives exactly what the list
+    0..n-1 gives, on row counts that leave partial groups of four and of eight (strided)."""
+    for n in (1, 3, 8, 13, 37):
+        k = 512 if name.split("_")[0] not in ("f32", "f16", "bf16") else (64 if n % 2 else 40)
+        W, X = make(n, k), RNG.standard_normal((2, k), dtype=np.float32)
+        Y0, Y1 = np.full((2, n), np.nan, np.float32), np.full((2, n), np.nan, np.float32)
+        call(W, X, np.arange(n, dtype=np.int64), Y0)
+        call(W, X, None, Y1)
+        assert not np.isnan(Y1).any(), (name, n)
+        np.testing.assert_array_equal(Y1, Y0, err_msg=f"{name} n={n}")
 
 
 def test_every_block_type_has_its_fp16_fields_listed() -> None:
