@@ -22,9 +22,9 @@ MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations
              "lossy), predict (low-rank activation predictor picks up/gate rows, lossy; see fit-predictor).")
 PREDICTOR_HELP = "Predictor file for --mode predict (default: MODEL with suffix .predictor.npz)."
 THREADS_HELP = "Threads for the kernels (default: this machine's physical cores)."
-ARITHMETIC_HELP = ("Block-quantized matmuls: int8 (activations quantized to 8-bit blocks per matmul, integer "
-                   "dot products, as llama.cpp; Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL) or float (weights decoded to "
-                   "float, float activations; K-quants always).")
+ARITHMETIC_HELP = ("int8: llama.cpp's arithmetic (block types: activations quantized to 8-bit blocks per "
+                   "matmul, integer dot products; F16 weights: activations rounded to fp16) or float (weights "
+                   "decoded to float, float32 activations: exact to float32 rounding).")
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)

@@ -288,7 +288,9 @@ def float_row_prefetch() -> bool:
     return not name.startswith("znver")
 
 
-def _dot_rows_codegen(kind, nrows):
+def _dot_rows_codegen(kind, nrows, half_x=False):
+    """Dot products of ``nrows`` rows with x: x float32, or (``half_x``) fp16 bits widened as the
+    weights are, which is ggml's vec_dot_f16 (F16 weights under llama.cpp's arithmetic)."""
     load, lines = _FLOAT_ROWS[kind]
 
     def codegen(context, builder, sig, args):
@@ -300,7 +302,7 @@ def _dot_rows_codegen(kind, nrows):
 
         def body(i, accs):
             off = builder.mul(i, _c(n.type, 32))
-            xv = _vload(builder, x, off, V32F, 4)
+            xv = _f16_vec(builder, x, off) if half_x else _vload(builder, x, off, V32F, 4)
             for j in range(nrows):
                 # each row's own lines ROW_AHEAD bytes on (past a row's end: the next row's
                 # first lines, or nothing: a prefetch never faults). Against an integer read
@@ -340,6 +342,23 @@ def _dot8(kind):
 # on the k = 4096 matrices alone, one thread 25.0 against 23.4 GB/s, but at k = 14336 it fell to
 # 12.3 against 24.3: x (57 KB as float32) no longer stays in L1 when eight rows do not share it.)
 dot8_f32, dot8_f16, dot8_bf16 = _dot8("f32"), _dot8("f16"), _dot8("bf16")
+
+
+def _dots_f16_half_x():
+    gen8, gen1 = _dot_rows_codegen("f16", FLOAT_ROWS, True), _dot_rows_codegen("f16", 1, True)
+
+    def typer8(typingctx, w0, w1, w2, w3, w4, w5, w6, w7, x, n):
+        return types.UniTuple(types.float32, FLOAT_ROWS)(w0, w1, w2, w3, w4, w5, w6, w7, x, n), gen8
+
+    def typer1(typingctx, w0, x, n):
+        return types.UniTuple(types.float32, 1)(w0, x, n), gen1
+
+    typer8.__name__, typer1.__name__ = "dot8_f16_hx", "dot1_f16_hx"
+    return intrinsic(typer8), intrinsic(typer1)
+
+
+# F16 rows · x as fp16 bits (ggml's vec_dot_f16): eight rows, and one row
+dot8_f16_hx, dot1_f16_hx = _dots_f16_half_x()
 
 
 def _read_rows_codegen(nrows, prefetch):
@@ -1846,6 +1865,57 @@ def mm_bf16(W, X, rows, Y):  # W (n, k) uint16 holding bfloat16 bits
         _mm_float(W, X, rows, Y, BF16_ROWS)
 
 
+# --- F16 weights in llama.cpp's arithmetic: x rounded to fp16 once per matmul ------------------
+# What ggml computes for an F16 weight (its vec_dot_type for F16 is F16): each activation rounded
+# to fp16, products and sums in float32. Under ``set_arithmetic("int8")`` (the default: llama.cpp's
+# arithmetic, named for the block types) the F16 matmuls run so; "float" keeps x float32, exact.
+# The halved x also changes which grouping reads fastest. One row at a time with x in fp16 reads
+# each thread's rows as one sequential stream, and x (2k bytes) stays in L1 beside it: Llama-3.1-
+# 8B-dims F16, AMD EPYC, the k = 4096 matrices 46-47 GB/s against 40.7 for the strided eight with
+# float32 x (one row with float32 x: 39.8; C versions of the same loops measured alike); in one
+# process, alternated step by step with llama.cpp, a decode step 1.01-1.08x llama.cpp's where the
+# strided float32 kernel ran 0.97-1.03x; Falcon-7B dims (k = 4544) 1.12-1.13x against 1.06x.
+# Past ONE_ROW_X_BYTES of x (k = 14336: 28 KB) one row at a time fell to half the speed of eight
+# rows sharing each x load, so longer rows keep the strided eight (with fp16 x as well).
+ONE_ROW_X_BYTES = 16 << 10  # half of a 32 KiB L1D
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _mm_f16_hx(W, XH, rows, Y):  # XH (T, k) uint16: x as fp16 bits
+    T, k = XH.shape
+    n = _count(rows, W)
+    G = (n + FLOAT_ROWS - 1) // FLOAT_ROWS
+    for g in prange(G):
+        i0, i1, i2, i3, i4, i5, i6, i7 = _strided8(rows, n, g, G)
+        for t in range(T):
+            y = dot8_f16_hx(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7], XH[t], k)
+            _store(Y, t, rows, n, g, G, y)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _mm_f16_hx1(W, XH, rows, Y):
+    T, k = XH.shape
+    for ii in prange(_count(rows, W)):
+        i = _at(rows, ii)
+        for t in range(T):
+            Y[t, i] = dot1_f16_hx(W[i], XH[t], k)[0]
+
+
+def mm_f16_arith(W, X, rows, Y):
+    """``mm_f16`` in the process's arithmetic: under "int8" (llama.cpp's) x rounded to fp16 first,
+    as ggml's vec_dot_f16 does; under "float" x float32 (exact to float32 rounding)."""
+    if _ARITHMETIC["name"] != "int8":
+        mm_f16(W, X, rows, Y)
+        return
+    XH = X.astype(np.float16)
+    if X.shape[1] % 32:  # the plain fallback, on the same fp16-rounded x
+        _mm_lut_rows(W, LUT_F16, XH.astype(np.float32), rows, Y)
+    elif 2 * X.shape[1] <= ONE_ROW_X_BYTES:
+        _mm_f16_hx1(W, XH.view(np.uint16), rows, Y)
+    else:
+        _mm_f16_hx(W, XH.view(np.uint16), rows, Y)
+
+
 # rows whose length is not a multiple of 32: one row at a time, vectorized by LLVM alone
 @njit(parallel=True, fastmath=True, cache=True)
 def _mm_f32_rows(W, X, rows, Y):
@@ -2150,11 +2220,15 @@ def arithmetic() -> str:
 
 
 def arithmetic_label(kinds=None) -> str:
-    """The arithmetic in effect for the block types ``kinds`` (gguf-py names; None: any), as the
-    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)" or "float"."""
+    """The arithmetic in effect for the tensor types ``kinds`` (gguf-py names; None: any), as the
+    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)", "fp16 activations (F16
+    weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
-    if arithmetic() == "float" or (lower is not None and not lower & INT8_DEFAULT):
+    if arithmetic() == "float":
         return "float"
+    if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
+        return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
+    f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""
     pick = set(BLOCK_TYPES) if lower is None else lower
     how = int_dot_features()
     used = [(n, dots[how]) for n, ts, dots in (("Q8_0", B32, INT_DOT_NAMES), ("Q8_K", KQ_INT, KQ_DOT_NAMES))
@@ -2162,7 +2236,7 @@ def arithmetic_label(kinds=None) -> str:
     acts = "/".join(n for n, _ in used) + " activations"
     flt = [t.upper() for t in BLOCK_TYPES if t in pick and t not in INT8_DEFAULT]  # block types still float
     extra = "; " + ", ".join(flt) + " float" if flt else ""
-    return f"int8 ({acts}, {' / '.join(d for _, d in used)}{extra})"
+    return f"int8 ({acts}, {' / '.join(d for _, d in used)}{extra}{f16})"
 
 
 def mm_block(fmt, W, X, rows, Y):

@@ -175,7 +175,7 @@ KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPP
     "F32": KernelSpec("elements", _load_f32, lambda m, X, r, Y: K.mm_f32(m.data, X, r, Y),
                       lambda m: np.array(m.data), lambda m, r: np.array(m.data[r], dtype=np.float32),
                       K.sparse_rows_f32),
-    "F16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_f16(m.data, X, r, Y),
+    "F16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_f16_arith(m.data, X, r, Y),
                       lambda m: K.LUT_F16[m.data], lambda m, r: K.LUT_F16[m.data[r]], K.sparse_rows_f16),
     "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_bf16(m.data, X, r, Y),
                        lambda m: K.LUT_BF16[m.data], lambda m, r: K.LUT_BF16[m.data[r]],

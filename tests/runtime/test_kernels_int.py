@@ -131,10 +131,34 @@ def test_setting_and_labels(arithmetic):
     arithmetic("int8")
     label = K.arithmetic_label({"Q8_0", "F32"})
     assert label.startswith("int8 (Q8_0 activations, ") and K.INT_DOT_NAMES[K.int_dot_features()] in label
-    assert K.arithmetic_label({"F32", "F16"}) == "float"  # nothing to quantize against
+    assert K.arithmetic_label({"F32", "BF16"}) == "float"  # nothing to quantize against
+    assert K.arithmetic_label({"F32", "F16"}) == "fp16 activations (F16 weights, as ggml's vec_dot_f16)"
+    assert K.arithmetic_label({"Q8_0", "F16"}).endswith("; F16 weights: fp16 activations)")
     assert K.arithmetic_label({"Q4_0", "Q3_K"}).startswith("int8 (Q8_0/Q8_K activations, ")
     arithmetic("float")
-    assert K.arithmetic_label({"Q8_0"}) == "float"
+    assert K.arithmetic_label({"Q8_0"}) == "float" and K.arithmetic_label({"F16"}) == "float"
+
+
+@pytest.mark.parametrize("n,k,T", [(1, 32, 1), (13, 4096, 1), (9, 8192, 2), (21, 8224, 1), (6, 40, 2)])
+def test_f16_follows_the_setting(arithmetic, n, k, T):
+    """F16 weights: under int8 (llama.cpp's arithmetic) x is rounded to fp16 first, as ggml's
+    vec_dot_f16 does; one row at a time up to ONE_ROW_X_BYTES of x, the strided eight past it,
+    the plain loop when k is not a multiple of 32. Under float, x stays float32: mm_f16 exactly."""
+    W = RNG.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+    X = RNG.standard_normal((T, k), dtype=np.float32)
+    arithmetic("int8")
+    Yi = np.full((T, n), np.nan, np.float32)
+    K.mm_f16_arith(W.view(np.uint16), X, None, Yi)
+    ref = X.astype(np.float16).astype(np.float64) @ W.astype(np.float64).T
+    bound = np.abs(X.astype(np.float16).astype(np.float64)) @ np.abs(W.astype(np.float64)).T
+    assert np.all(np.abs(Yi - ref) <= 1e-6 * bound + 1e-7)
+    arithmetic("float")
+    Yf, Y = np.full((T, n), np.nan, np.float32), np.full((T, n), np.nan, np.float32)
+    K.mm_f16_arith(W.view(np.uint16), X, None, Yf)
+    K.mm_f16(W.view(np.uint16), X, None, Y)
+    assert np.array_equal(Yf, Y)
+    exact = X.astype(np.float64) @ W.astype(np.float64).T
+    assert np.abs(Yi - exact).max() > np.abs(Yf - exact).max()  # the rounding of x really happened
 
 
 def test_int_kernel_emits_integer_dot():
@@ -194,7 +218,7 @@ def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
 def test_int8_arithmetic_takes_llama_cpps_gelu(exported, arithmetic):
     """Falcon (HF "gelu", erf): the float path keeps erf GELU; the int8 path, llama.cpp's
     arithmetic, takes ggml's fp16-table tanh GELU, and only where int8 kernels run (an F16 file
-    is float whatever the setting)."""
+    keeps the checkpoint's own activation whatever the setting)."""
     from runtime.model import GGML_GELU, Model
 
     q8, _ = exported("tiny-falcon", "q8_0")
