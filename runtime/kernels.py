@@ -17,9 +17,11 @@ So the inner loops are LLVM IR intrinsics ("SIMD intrinsics" below) that state t
 shapes directly (``<32 x float>`` accumulators, ``<32 x i8>`` loads, 16 fp16 scales
 converted in one instruction), work on several rows at once (the activations are loaded once
 per group and as many memory streams are in flight; the rows may be any subset, as the
-sparse paths need) and prefetch ahead: the float kernels eight rows, each its own lines
+sparse paths need, or None for all of them) and prefetch ahead: the float kernels eight rows
+taken G apart (each position one unbroken stream of consecutive rows), each its own lines
 ROW_AHEAD bytes on (except on AMD Zen: ``float_row_prefetch``); the block kernels four rows
-and the next group's lines, into L2. Which pattern reads memory fastest was measured per
+side by side and the next group's lines, into L2. F16 under llama.cpp's arithmetic
+(``mm_f16_arith``: x rounded to fp16, as ggml) reads short rows one at a time instead. Which pattern reads memory fastest was measured per
 kernel against a plain read of the same file pages, on a Xeon and on an AMD EPYC (the
 comments at each say by how much; docs/benchmarks.md, "Two CPUs"). LLVM lowers the generic vector
 types to what the CPU has (AVX-512, AVX2, NEON). Rows whose length is not a multiple of 32
