@@ -1,5 +1,6 @@
 """aios-run on files llama.cpp's quantizer presets wrote: every tensor type they produce runs,
 the float path decodes them exactly and the int8 path is as accurate as llama.cpp (issue 16).
+The F16 "preset" (the export itself) checks the int8 setting's fp16 activations for F16 weights.
 
 Our f16 exports of the bundled tiny-llama and tiny-falcon, and of a random llama with
 d_model 256 (the fixtures' d_model 128 is no multiple of 256, so there llama.cpp falls back
@@ -68,8 +69,9 @@ from tests.runtime.test_llama_cpp_files import llama_cpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
+# F16 too: under the int8 setting (llama.cpp's arithmetic) its matmuls round x to fp16 as ggml does
 FIXTURE_PRESETS = ("Q2_K", "Q3_K_M", "Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q5_0", "Q5_1", "Q5_K_M", "Q6_K",
-                   "Q8_0", "IQ4_NL", "IQ4_XS")
+                   "Q8_0", "IQ4_NL", "IQ4_XS", "F16")
 D256_PRESETS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS")
 FIXTURES = ("tiny-llama", "tiny-falcon")
 IDS = list(range(5, 30))
