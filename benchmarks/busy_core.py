@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=1, help="Busy-looping processes (one core each).")
     args = ap.parse_args()
     from runtime import kernels
+    from runtime.bench import model_arithmetic
 
     work = None
     path = args.file
@@ -86,9 +87,9 @@ def main() -> None:
         path = quantize_llamacpp(export(work / "hf", work / "f16.gguf", "f16"), work / "q4_k_m.gguf", "Q4_K_M")
     try:
         threads = kernels.set_threads(None)
-        out = {"file": str(path), "busy_processes": args.busy, "threads_default": threads,
-               "arithmetic": kernels.arithmetic_label()}
         ours = Ours(path, "dense")
+        out = {"file": str(path), "busy_processes": args.busy, "threads_default": threads,
+               "arithmetic": model_arithmetic(ours.m)}  # for this file's tensor types
         out[f"aios_run_{threads}_threads"] = measure(ours, args.tokens, args.rounds, args.busy)
         if threads > 1:
             kernels.set_threads(threads - 1)
