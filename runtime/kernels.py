@@ -1799,7 +1799,8 @@ def _group(rows, n, g):
 # there): the k = 4096 matrices read at 0.83-0.89 of a plain read of the same pages side by
 # side, 0.95-1.07 strided; one thread 19.6 -> 23.4 GB/s (k = 14336 unchanged, 24 GB/s). The
 # block kernels' groups of four stay side by side: they prefetch the next group into L2
-# themselves, and strided groups measured 3-6 % slower there on Q4_0 and Q4_K (Q8_0 +3 %).
+# themselves, and strided groups measured 3-6 % slower there on Q4_0 and Q4_K on one thread
+# (Q8_0: +3 % on one thread, -6 to +2 % on two).
 @njit(fastmath=True, cache=True, inline="always")
 def _strided8(rows, n, g, G):
     """The 8 rows of group g, G apart (the last row past the end)."""
@@ -1872,11 +1873,12 @@ def mm_bf16(W, X, rows, Y):  # W (n, k) uint16 holding bfloat16 bits
 # to fp16, products and sums in float32. Under ``set_arithmetic("int8")`` (the default: llama.cpp's
 # arithmetic, named for the block types) the F16 matmuls run so; "float" keeps x float32, exact.
 # The halved x also changes which grouping reads fastest. One row at a time with x in fp16 reads
-# each thread's rows as one sequential stream, and x (2k bytes) stays in L1 beside it: Llama-3.1-
-# 8B-dims F16, AMD EPYC, the k = 4096 matrices 46-47 GB/s against 40.7 for the strided eight with
-# float32 x (one row with float32 x: 39.8; C versions of the same loops measured alike); in one
-# process, alternated step by step with llama.cpp, a decode step 1.01-1.08x llama.cpp's where the
-# strided float32 kernel ran 0.97-1.03x; Falcon-7B dims (k = 4544) 1.12-1.13x against 1.06x.
+# each thread's rows as one sequential stream, and x (2k bytes) stays in L1 beside it. Llama-3.1-
+# 8B-dims F16, AMD EPYC, the k = 4096 matrices, 2 threads, one minute: C loops of these shapes
+# (gcc -O3) one row with fp16 x 46-47 GB/s, one row with float32 x 39.8, our strided eight with
+# float32 x 40.7. This kernel, in one process alternated step by step with llama.cpp: a decode
+# step 1.01-1.08x llama.cpp's where the strided float32 one ran 0.97-1.03x; Falcon-7B dims
+# (k = 4544) 1.12-1.13x against 1.06x.
 # Past ONE_ROW_X_BYTES of x (k = 14336: 28 KB) one row at a time fell to half the speed of eight
 # rows sharing each x load, so longer rows keep the strided eight (with fp16 x as well).
 ONE_ROW_X_BYTES = 16 << 10  # half of a 32 KiB L1D
