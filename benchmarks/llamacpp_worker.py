@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,20 @@ def decode(llm, n: int) -> dict:
     return {"decode_tok_s": n / (time.perf_counter() - t)}
 
 
+def exit_text(rc: int | None) -> str:
+    """How a child ended, for a one-line error: "exited with status 1", "killed by SIGSEGV"
+    (a crash inside llama.cpp prints nothing of its own: on a 16-core Xeon, 2026-11-26,
+    llama-cpp-python built there died so at every model load), or "failed" if still running."""
+    if rc is None:
+        return "failed"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
 def clean_env() -> dict:
     """This process's environment without the OpenMP settings ``runtime.kernels`` made for its
     own threads (the user's own settings stay)."""
@@ -90,7 +105,11 @@ class LlamaCpp:
         line = self.proc.stdout.readline()
         if not line:
             err = self.proc.stderr.read().strip().splitlines()
-            raise RuntimeError(f"llama.cpp worker failed: {err[-1] if err else 'no output'}")
+            try:
+                rc = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                rc = None
+            raise RuntimeError(f"llama.cpp worker {exit_text(rc)}: {err[-1] if err else 'nothing on stderr'}")
         return json.loads(line)
 
     def __call__(self, n: int) -> dict:

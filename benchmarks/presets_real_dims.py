@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
-from llamacpp_worker import clean_env  # noqa: E402
+from llamacpp_worker import clean_env, exit_text  # noqa: E402
 from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, read_rows, stream_bandwidth  # noqa: E402
 
 PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
@@ -106,12 +106,14 @@ print(json.dumps({"load_s": load, "peak_rss": hwm()}))
 def _subprocess(code: str, path: Path, tokens: int, threads: int, repack: bool = True) -> dict:
     # llama.cpp's child gets the environment it would have alone (clean_env: without the
     # OpenMP wait policy our runtime set for its own threads)
-    env = dict(clean_env() if code is _LLAMA_RSS else os.environ, PYTHONPATH=str(ROOT))
+    # (the repository first on the path, the caller's own PYTHONPATH kept after it)
+    env = clean_env() if code is _LLAMA_RSS else dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads), str(int(repack)),
                         str(ROOT / "benchmarks")], env=env,
                        capture_output=True, text=True, check=False)
     if r.returncode:
-        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {"error": f"{exit_text(r.returncode)}: {(r.stderr.strip().splitlines() or ['nothing on stderr'])[-1]}"}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

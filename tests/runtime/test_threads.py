@@ -95,13 +95,7 @@ def test_llamacpp_worker_runs_without_our_openmp_setting(exported, monkeypatch):
     (libgomp is one per process: in ours, llama.cpp's threads would wait as ours do), and
     answers decode requests there."""
     pytest.importorskip("llama_cpp")
-    import importlib.util
-    from pathlib import Path
-
-    src = Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp_worker.py"
-    spec = importlib.util.spec_from_file_location("llamacpp_worker", src)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
+    worker = _worker_module()
     monkeypatch.setattr(K, "OMP_SET_HERE", ("GOMP_SPINCOUNT",))
     monkeypatch.setenv("GOMP_SPINCOUNT", K.SPIN_COUNT)
     monkeypatch.setenv("OMP_PROC_BIND", "false")  # the user's own setting stays
@@ -114,3 +108,34 @@ def test_llamacpp_worker_runs_without_our_openmp_setting(exported, monkeypatch):
     finally:
         lc.close()
     assert lc.proc.returncode == 0
+
+
+def _worker_module():
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "llamacpp_worker.py"
+    spec = importlib.util.spec_from_file_location("llamacpp_worker", src)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    return worker
+
+
+def test_llamacpp_worker_names_the_signal_a_crash_died_of():
+    """A llama.cpp that crashes in its child prints nothing: the benchmarks' error says how the
+    child ended instead of "no output" (seen on a Xeon where llama-cpp-python segfaulted at load)."""
+    import subprocess
+    import sys
+
+    worker = _worker_module()
+    assert worker.exit_text(-11) == "killed by SIGSEGV"
+    assert worker.exit_text(1) == "exited with status 1"
+    lc = worker.LlamaCpp.__new__(worker.LlamaCpp)
+    lc.proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="llama.cpp worker killed by SIGSEGV: nothing on stderr"):
+        lc._read()
+    lc.proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no model here')"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="llama.cpp worker exited with status 1: no model here"):
+        lc._read()
