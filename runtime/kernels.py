@@ -917,22 +917,22 @@ def _zeros_f32(k, lanes=16):  # a struct of k zero <lanes x float>
     return ir.Constant(ir.LiteralStructType([vt] * k), [z] * k)
 
 
-def _dot4_b32_int_codegen(fmt, nrows=ROWS):
+def _dot4_b32_int_codegen(fmt):
     nbytes = B32_BYTES[fmt]
     affine = fmt in B32_AFFINE
     shifted = affine or fmt in B32_OFFSET  # a per-block term m_w·s_x or −offset·d_w·s_x
     signed = fmt in B32_SIGNED
     chunk_blocks = 16  # as _dot4_b32_codegen: 16 blocks' scales converted at once
-    nacc = 2 * nrows if shifted else nrows  # nrows × Σ d_w·d_x·(int sums), then nrows × the shift terms
+    nacc = 2 * ROWS if shifted else ROWS  # ROWS × Σ d_w·d_x·(int sums), then ROWS × the shift terms
 
     def codegen(context, builder, sig, args):
-        # args: w0..w{nrows-1}, p0.. (uint8 rows of blocks and the next group's), xq (int8, nb·32), xd (d_x per block),
+        # args: w0..w3, p0..p3 (uint8 rows of blocks), xq (int8, nb·32), xd (d_x per block),
         # xs (s_x per block; read by the shifted types only), nb
         how = int_dot_features()
-        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(nrows)]
-        ps = [_data(context, builder, sig.args[nrows + j], args[nrows + j]) for j in range(nrows)]
-        xq, xd, xs = (_data(context, builder, sig.args[2 * nrows + u], args[2 * nrows + u]) for u in range(3))
-        nb = args[2 * nrows + 3]
+        ws = [_data(context, builder, sig.args[j], args[j]) for j in range(ROWS)]
+        ps = [_data(context, builder, sig.args[ROWS + j], args[ROWS + j]) for j in range(ROWS)]
+        xq, xd, xs = (_data(context, builder, sig.args[2 * ROWS + u], args[2 * ROWS + u]) for u in range(3))
+        nb = args[2 * ROWS + 3]
         ity = nb.type
 
         def operands(w, x):  # (unsigned, signed) bytes whose products are q_w·q_x (before the offset)
@@ -1013,7 +1013,7 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
             # dims Q8_0 matrices, 2 threads, ÷ an integer read of the same pages, 8 alternated
             # rounds, two runs each: into L1 0.883/0.877, into L2 0.908/0.912; each row's own
             # lines 544 or 1088 bytes on (the float kernels' pattern) 0.80
-            for j in range(nrows):
+            for j in range(ROWS):
                 _prefetch_lines(builder, ps[j], builder.mul(b0, _c(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64, 2)
             v16h = ir.VectorType(I16, chunk_blocks)
 
@@ -1028,22 +1028,22 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
                                                                                I16.as_pointer()), align=1), _c(I32, u))
                 return builder.fpext(builder.bitcast(v, ir.VectorType(HALF, chunk_blocks)), V16F)
 
-            dw = [f16s(j, 0) for j in range(nrows)]
+            dw = [f16s(j, 0) for j in range(ROWS)]
             dx = _vload(builder, xd, b0, V16F, 4)
-            sv = [masked(builder.fmul(dw[j], dx, flags=FAST)) for j in range(nrows)]
+            sv = [masked(builder.fmul(dw[j], dx, flags=FAST)) for j in range(ROWS)]
             if shifted:  # lane u: block u's m_w·s_x or −offset·d_w·s_x
                 sx = _vload(builder, xs, b0, V16F, 4)
-                for j in range(nrows):
+                for j in range(ROWS):
                     f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
                                                                flags=FAST)
-                    accs = add_to(accs, nrows + j, masked(builder.fmul(f, sx, flags=FAST)))
+                    accs = add_to(accs, ROWS + j, masked(builder.fmul(f, sx, flags=FAST)))
             if quads:
                 return quads_of(b0, accs, sv)
             # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
             # registers than pair after pair across the rows (Q8_0 ÷ the same pages' read, 8
             # alternated rounds, two runs each: 0.918/0.904 against 0.884/0.897)
             xpairs = {u: pair_x(b0, u) for u in range(0, chunk_blocks, 2)}
-            for j in range(nrows):
+            for j in range(ROWS):
                 for u in range(0, chunk_blocks, 2):
                     accs = pair(b0, u, j, *xpairs[u], accs, sv)
             return accs
@@ -1062,7 +1062,7 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
                     c = _idot_u8s8(builder, m128, xl, how)
                     corr = builder.sub(_c(V16I32, [0] * 16), _idot_u8s8(builder, m128, xh, how, acc=c))
                 xs4.append((xl, xh, corr))
-            for j in range(nrows):
+            for j in range(ROWS):
                 for qi, q in enumerate(range(0, chunk_blocks, 4)):
                     xl, xh, corr = xs4[qi]
                     blk = builder.add(b0, _c(ity, q))
@@ -1082,7 +1082,7 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
             x = _concat(builder, _vload(builder, xq, builder.mul(blk, _c(ity, QK)), V32I8, 1), z32)
             dx = builder.load(builder.gep(xd, [blk]))
             zero16 = _c(V16F, [0.0] * 16)
-            for j in range(nrows):
+            for j in range(ROWS):
                 w = _concat(builder, _b32_quants(builder, fmt, ws[j], base, offset=False), z32)
                 isum = _idot_u8s8(builder, *operands(w, x), how)
                 sc = _splat(builder, builder.fmul(_f16_at(builder, ws[j], base), dx, flags=FAST), 16)
@@ -1092,7 +1092,7 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
                     accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
                 if shifted:
                     t = builder.fmul(shift_w(j, base), builder.load(builder.gep(xs, [blk])), flags=FAST)
-                    accs = add_to(accs, nrows + j, builder.insert_element(zero16, t, _c(I32, 0)))
+                    accs = add_to(accs, ROWS + j, builder.insert_element(zero16, t, _c(I32, 0)))
             return accs
 
         def tail_pair(q, accs):
@@ -1105,7 +1105,7 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
             dx = [builder.load(builder.gep(xd, [builder.add(b, _c(ity, u))])) for u in (0, 1)]
             zero16 = _c(V16F, [0.0] * 16)
             sv = []
-            for j in range(nrows):
+            for j in range(ROWS):
                 v = zero16
                 for u in (0, 1):
                     base = builder.mul(builder.add(b, _c(ity, u)), _c(ity, nbytes))
@@ -1114,9 +1114,9 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
                     if shifted:
                         t = builder.fmul(shift_w(j, base), builder.load(builder.gep(xs, [builder.add(b, _c(ity, u))])),
                                          flags=FAST)
-                        accs = add_to(accs, nrows + j, builder.insert_element(zero16, t, _c(I32, u)))
+                        accs = add_to(accs, ROWS + j, builder.insert_element(zero16, t, _c(I32, u)))
                 sv.append(v)
-            for j in range(nrows):
+            for j in range(ROWS):
                 accs = pair(b, 0, j, x, corr, accs, sv)
             return accs
 
@@ -1137,10 +1137,10 @@ def _dot4_b32_int_codegen(fmt, nrows=ROWS):
         start = builder.add(done, builder.mul(npair, _c(ity, 2)))
         accs = _loop(builder, builder.select(whole, start, nb), accs, tail, start=start)
         out = []
-        for j in range(nrows):
+        for j in range(ROWS):
             v = builder.extract_value(accs, j)
             if shifted:
-                v = builder.fadd(v, builder.extract_value(accs, nrows + j), flags=FAST)
+                v = builder.fadd(v, builder.extract_value(accs, ROWS + j), flags=FAST)
             out.append(_hsum(builder, v))
         return context.make_tuple(builder, sig.return_type, out)
 
@@ -1157,20 +1157,8 @@ def _dot4_b32_int(fmt):
     return intrinsic(typer)
 
 
-def _dot8_b32_int(fmt):
-    gen = _dot4_b32_int_codegen(fmt, 8)
-
-    def typer(typingctx, w0, w1, w2, w3, w4, w5, w6, w7, p0, p1, p2, p3, p4, p5, p6, p7, xq, xd, xs, nb):
-        return types.UniTuple(types.float32, 8)(w0, w1, w2, w3, w4, w5, w6, w7, p0, p1, p2, p3, p4, p5, p6, p7,
-                                                 xq, xd, xs, nb), gen
-
-    typer.__name__ = f"dot8i_{fmt}"
-    return intrinsic(typer)
-
-
-# four rows of 32-value blocks · an int8-quantized x (quants, d_x, s_x per block) over nb blocks;
-# Q8_0 eight rows (``_mm_q8_0_int``)
-dot8i_q8_0, dot4i_q4_0, dot4i_q4_1 = _dot8_b32_int("q8_0"), _dot4_b32_int("q4_0"), _dot4_b32_int("q4_1")
+# four rows of 32-value blocks · an int8-quantized x (quants, d_x, s_x per block) over nb blocks
+dot4i_q8_0, dot4i_q4_0, dot4i_q4_1 = _dot4_b32_int("q8_0"), _dot4_b32_int("q4_0"), _dot4_b32_int("q4_1")
 dot4i_q5_0, dot4i_q5_1, dot4i_iq4_nl = _dot4_b32_int("q5_0"), _dot4_b32_int("q5_1"), _dot4_b32_int("iq4_nl")
 
 
@@ -1825,19 +1813,9 @@ def _strided8(rows, n, g, G):
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _group8(rows, n, g):
-    """The 8 rows of group g, side by side: 8g .. 8g + 7 of the n (the last row past the end)."""
-    b = 8 * np.int64(g)
-    last = n - 1
-    return (_at(rows, min(b, last)), _at(rows, min(b + 1, last)), _at(rows, min(b + 2, last)),
-            _at(rows, min(b + 3, last)), _at(rows, min(b + 4, last)), _at(rows, min(b + 5, last)),
-            _at(rows, min(b + 6, last)), _at(rows, min(b + 7, last)))
-
-
-@njit(fastmath=True, cache=True, inline="always")
 def _store(Y, t, rows, n, b, step, y):
     """Y[t, row b + u·step] = y[u] for the group's len(y) results (those past n dropped):
-    step 1 for a side-by-side group (b = 4g or 8g), G for a strided one (b = g)."""
+    step 1 for a side-by-side group (b = 4g), G for a strided one (b = g)."""
     b = np.int64(b)
     for u in range(len(y)):
         if b + u * step < n:
@@ -2102,8 +2080,7 @@ AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products 
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uint8; x quantized;
-    # kind: B32_KIND of a 4/5-bit type (Q8_0, kind 0, runs _mm_q8_0_int)
+def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uint8; x quantized
     T = xq.shape[0]
     nb = xd.shape[1]
     n = _count(rows, W)
@@ -2111,7 +2088,9 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
         i0, i1, i2, i3 = _group(rows, n, g)
         n0, n1, n2, n3 = _group(rows, n, g + 1)
         for t in range(T):
-            if kind == 1:
+            if kind == 0:
+                y = dot4i_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 1:
                 y = dot4i_q4_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
             elif kind == 2:
                 y = dot4i_q4_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
@@ -2122,27 +2101,6 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
             else:
                 y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
             _store(Y, t, rows, n, 4 * g, 1, y)
-
-
-# Q8_0 takes its rows eight side by side, the others four: x's pairs (and their −128·Σq_x) are
-# made once per chunk for eight rows, and eight streams are in flight. Every Q8_0 matrix of a
-# Llama-3.1-8B-dims file, one int8 GEMV each, 2 threads of an AMD EPYC, alternated with the
-# fastest plain read of the same bytes (12-16 rounds, two runs): four rows 0.965-0.975 × the
-# read, eight 1.031-1.044 (8 ÷ 4 per round 1.065-1.086); Falcon-7B dims 0.968 -> 0.994 (1.045).
-# Bit-identical results (each row's sum keeps ggml's order). Q4_0 eight rows: 0.971 × four
-# (its nibble unpacking needs the registers), so the 4/5-bit types stay at four.
-@njit(parallel=True, fastmath=True, cache=True)
-def _mm_q8_0_int(W, xq, xd, xs, rows, Y):  # W (n, k/32 · 34) uint8; x quantized
-    T = xq.shape[0]
-    nb = xd.shape[1]
-    n = _count(rows, W)
-    for g in prange((n + 7) // 8):
-        i0, i1, i2, i3, i4, i5, i6, i7 = _group8(rows, n, g)
-        n0, n1, n2, n3, n4, n5, n6, n7 = _group8(rows, n, g + 1)
-        for t in range(T):
-            y = dot8i_q8_0(W[i0], W[i1], W[i2], W[i3], W[i4], W[i5], W[i6], W[i7],
-                           W[n0], W[n1], W[n2], W[n3], W[n4], W[n5], W[n6], W[n7], xq[t], xd[t], xs[t], nb)
-            _store(Y, t, rows, n, 8 * g, 1, y)
 
 
 @njit(cache=True)
@@ -2228,11 +2186,7 @@ def mm_block_int8(fmt, W, X, rows, Y):
     if fmt in KQ_INT_KIND:
         _mm_kq_int(W, *quantize_activations_k(X), rows, Y, KQ_INT_KIND[fmt])
     else:
-        xq = quantize_activations(X, fmt in AFFINE_B32)
-        if fmt == "q8_0":
-            _mm_q8_0_int(W, *xq, rows, Y)
-        else:
-            _mm_b32_int(W, *xq, rows, Y, B32_KIND[fmt])
+        _mm_b32_int(W, *quantize_activations(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
 
 
 def mm_block_arith(fmt, W, X, rows, Y):

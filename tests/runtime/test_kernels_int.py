@@ -170,12 +170,11 @@ def test_int_kernel_emits_integer_dot():
     want = {"avx512vnni": "vpdpbusd", "avxvnni": "vpdpbusd", "avx2": "vpmaddubsw"}.get(how)
     if want is None:
         pytest.skip(f"no x86 integer dot here ({how}): the portable IR runs")
-    dot = K.dot8i_q8_0
+    dot = K.dot4i_q8_0
 
     @njit(fastmath=True)
     def f(W, xq, xd, nb):
-        return dot(W[0], W[1], W[2], W[3], W[4], W[5], W[6], W[7],
-                   W[0], W[1], W[2], W[3], W[4], W[5], W[6], W[7], xq, xd, xd, nb)
+        return dot(W[0], W[1], W[2], W[3], W[4], W[5], W[6], W[7], xq, xd, xd, nb)
 
     f(np.zeros((8, 34 * 16), np.uint8), np.zeros(512, np.int8), np.zeros(16, np.float32), 16)
     asm = "\n".join(f.inspect_asm().values())
