@@ -131,9 +131,10 @@ def test_llamacpp_worker_names_the_signal_a_crash_died_of():
     assert worker.exit_text(-11) == "killed by SIGSEGV"
     assert worker.exit_text(1) == "exited with status 1"
     lc = worker.LlamaCpp.__new__(worker.LlamaCpp)
-    lc.proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+    # SIGKILL: no handler can print anything (a SIGSEGV child might, under PYTHONFAULTHANDLER)
+    lc.proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with pytest.raises(RuntimeError, match="llama.cpp worker killed by SIGSEGV: nothing on stderr"):
+    with pytest.raises(RuntimeError, match="llama.cpp worker killed by SIGKILL: nothing on stderr"):
         lc._read()
     lc.proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no model here')"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
