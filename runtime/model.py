@@ -32,8 +32,7 @@ from runtime import ggml_ops, gguf_checks, kernels, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
-from runtime.weights import (Linear, TransposedMatrix, advise_huge_pages, from_gguf_tensor,
-                             transpose, vector)
+from runtime.weights import Linear, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
@@ -189,8 +188,6 @@ class Model:
             raise ModelNotFoundError(f"No such GGUF file: {path}.")
         store = GGUFStore(Path(path))  # validates magic / structure with a clear error
         self.path, self.reader, self.mode = Path(path), store.reader, mode
-        # before any weight page is read: cold weights then load in 2 MiB page-cache folios
-        self.huge_pages_advised = advise_huge_pages(self.reader.data)
         arch = store.field("general.architecture")
         t = {x.name: x for x in self.reader.tensors}
         row = _runtime_row(arch, "blk.0.attn_norm_2.weight" in t)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Protocol
 
@@ -202,27 +201,6 @@ def from_gguf_tensor(t) -> Matrix:
         )
     n_in, n_out = (int(x) for x in t.shape[:2]) if len(t.shape) >= 2 else (int(t.shape[0]), 1)
     return Matrix(t.name, kind, n_out, n_in, KERNELS[kind].load(kind, np.asarray(t.data), n_out, n_in))
-
-
-def advise_huge_pages(data: np.ndarray) -> bool:
-    """Advise the kernel (MADV_HUGEPAGE) to back the file mapping ``data`` (a reader's
-    ``np.memmap``) with 2 MiB pages: weights it reads from storage from now on land in 2 MiB
-    page-cache folios mapped by one page-table entry each, and a decode step, which streams every
-    weight, takes fewer TLB misses. Nothing is copied and pages already cached keep their size.
-    Measured on an AMD EPYC (znver4) VM, Linux 6.18, Llama-3.1-8B-dims files loaded cold: the
-    mapped weights were 95-100 % PMD-mapped with the advice and 39-56 % without, and decode steps
-    without it took 1.01-1.03 x as long (paired medians; docs/benchmarks.md, "2 MiB pages").
-    True when the advice was taken; False where the platform has no such advice or the
-    mapping refuses it."""
-    mm = getattr(data, "_mmap", None)  # np.memmap's mmap.mmap (numpy has no public handle)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
-    if mm is None or advice is None:
-        return False
-    try:
-        mm.madvise(advice)
-    except (OSError, ValueError):  # THP compiled out, or a closed mapping
-        return False
-    return True
 
 
 def vector(t) -> np.ndarray:

@@ -7,16 +7,13 @@ pages, not a second copy of the weights.
 
 from __future__ import annotations
 
-import mmap
-from pathlib import Path
-
 import gguf
 import numpy as np
 import pytest
 
 from aios import quant
 from runtime.model import Model
-from runtime.weights import BLOCK_TYPES, Matrix, advise_huge_pages, from_gguf_tensor
+from runtime.weights import BLOCK_TYPES, Matrix, from_gguf_tensor
 from tests.runtime.quant_blocks import random_blocks
 
 
@@ -85,33 +82,3 @@ def test_every_block_type_is_a_view_of_the_file(tmp_path, kind):
         assert np.shares_memory(m.data, r.data), t.name
         assert m.data.dtype == np.uint8 and m.row_bytes == quant.row_bytes(kind, m.n_in)
         assert m.nbytes == int(t.n_bytes)
-
-
-def _vm_flags(path) -> list[list[str]]:
-    """The VmFlags of every mapping of ``path`` in this process (/proc/self/smaps)."""
-    flags, cur = [], False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if head and "-" in head[0] and all(c in "0123456789abcdef-" for c in head[0]):
-                cur = line.rstrip().endswith(str(path))
-            elif cur and line.startswith("VmFlags:"):
-                flags.append(head[1:])
-    return flags
-
-
-@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not Path("/proc/self/smaps").exists(),
-                    reason="MADV_HUGEPAGE and /proc/self/smaps are Linux's")
-def test_the_weight_mapping_asks_for_2_mib_pages(tmp_path):
-    path = _write(tmp_path / "q4.gguf", "Q4_0", layers=1)
-    if not Path("/sys/kernel/mm/transparent_hugepage").is_dir():
-        pytest.skip("this kernel is built without transparent huge pages")
-    model = Model(path)
-    assert model.huge_pages_advised
-    flags = _vm_flags(path.resolve())
-    assert flags and all("hg" in f for f in flags), flags  # "hg": VM_HUGEPAGE on the file mapping
-    assert not any(m.data.flags.owndata for m in _matrices(model))  # still views: nothing copied
-
-
-def test_advising_anything_but_a_file_mapping_is_a_no_op():
-    assert advise_huge_pages(np.zeros(16, np.uint8)) is False
