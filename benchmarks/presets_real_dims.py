@@ -287,7 +287,14 @@ def main() -> None:
                     help="Print the Markdown table of an earlier run's -o file and exit.")
     args = ap.parse_args()
     if args.table:
-        print(markdown(json.loads(args.table.read_text())))
+        try:
+            result = json.loads(args.table.read_text())
+            table = markdown(result)
+        except OSError as e:
+            raise SystemExit(f"Cannot read {args.table}: {e.strerror}.") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"{args.table} is not a results file of this benchmark ({type(e).__name__}: {e}).") from None
+        print(table)
         return
     from runtime import kernels
 

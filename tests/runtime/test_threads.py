@@ -140,3 +140,20 @@ def test_llamacpp_worker_names_the_signal_a_crash_died_of():
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with pytest.raises(RuntimeError, match="llama.cpp worker exited with status 1: no model here"):
         lc._read()
+
+
+@pytest.mark.parametrize("content", [None, '{"rows": 1}', "not json"])
+def test_presets_benchmark_table_of_a_bad_results_file_is_one_sentence(tmp_path, content):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    res = tmp_path / "results.json"
+    if content is not None:
+        res.write_text(content)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "presets_real_dims.py"
+    r = subprocess.run([sys.executable, str(script), "--table", str(res)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(res) in lines[0], r.stderr
