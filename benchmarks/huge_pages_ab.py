@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from page_cache_read import drop_cache  # noqa: E402
 
 
 def pmd_share(path: Path) -> float:
@@ -47,15 +50,6 @@ def pmd_share(path: Path) -> float:
             elif cur and line.startswith("Rss:"):
                 rss += int(head[1])
     return pmd / rss if rss else 0.0
-
-
-def drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main() -> None:
@@ -79,7 +73,7 @@ def main() -> None:
         paths = {k: Path(tmp) / f"{k}.gguf" for k in ("plain", "advised")}
         for p in paths.values():
             shutil.copyfile(args.file, p)
-            drop(p)
+            drop_cache(p)
         models, load_s = {}, {}
         for k, p in paths.items():
             t = time.perf_counter()

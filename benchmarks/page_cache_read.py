@@ -34,6 +34,17 @@ ROW = 2048 * 4  # bytes per probe row
 GROUP = 4 * ROW  # the kernel reads whole groups of four rows
 
 
+def drop_cache(path) -> None:
+    """Write back and drop ``path``'s page cache (fdatasync + POSIX_FADV_DONTNEED): its pages
+    are then read back from storage as a fresh load would place them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def pmd_mapped_kib() -> int | None:
     for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
         if line.startswith("FilePmdMapped:"):
@@ -63,11 +74,10 @@ def main() -> None:
     from runtime_vs_llamacpp import read_rows
 
     kernels.set_threads()
+    if args.drop:
+        drop_cache(args.file)
     fd = os.open(args.file, os.O_RDONLY)
     try:
-        if args.drop:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
