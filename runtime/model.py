@@ -177,6 +177,10 @@ def _swa_layers(pattern, window: int, n_layers: int, row: Architecture) -> tuple
 class Model:
     """Weights (mmap-backed where possible), KV cache, and the forward pass."""
 
+    # the ggml path runs what sits between the kernels as few compiled calls (same arithmetic);
+    # False keeps the step by step path, which tests compare it with
+    fused_glue: bool = True
+
     def __init__(self, path: str | Path, mode: str = "dense", n_ctx: int | None = None,
                  predictor: str | Path | None = None) -> None:
         if mode not in MODES:
@@ -237,6 +241,9 @@ class Model:
         self._inv_freq = inv  # (rope_dims/2,)
         # local (sliding-window) layers' RoPE base (Gemma 3: 10,000 vs 1,000,000 for global ones)
         self._inv_freq_swa = hp.rope_base_swa ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
+        # ggml_rope's per-dimension factor of each base, computed once (the fused path's argument)
+        self._theta_scale = {b: ggml_ops.theta_scale(b, hp.rope_dims) if hp.rope_dims else np.float32(1.0)
+                             for b in (hp.rope_base, hp.rope_base_swa)}
 
     # --- loading ---------------------------------------------------------------------
     def _layer(self, t: dict, i: int) -> dict:
@@ -312,6 +319,31 @@ class Model:
             return ggml_ops.rms_norm(x, w, np.float32(self.hp.norm_eps))
         return ops.rms_norm(x, w, self.hp.norm_eps)
 
+    def _fuse_norm(self, b: np.ndarray | None) -> bool:
+        """Whether a residual add and the RMS norm after it run as one compiled call."""
+        return self.fused_glue and b is None and self.hp.graph.norm != "layer" and self._ggml()
+
+    def _add_norm(self, x: np.ndarray, y: np.ndarray | None, w: np.ndarray,
+                  b: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(x + y, norm(x + y)); y None: (x, norm(x))."""
+        if y is None:
+            return x, self._norm(x, w, b)
+        if self._fuse_norm(b):
+            return ggml_ops.add_rms_norm(x, y, w, np.float32(self.hp.norm_eps))
+        x = x + y
+        return x, self._norm(x, w, b)
+
+    def _mm_shared(self, L: dict, names: tuple[str, ...], X: np.ndarray, layer: int,
+                   rows: np.ndarray | None = None) -> list[np.ndarray]:
+        """The matmuls ``names`` of one input X; X quantized once for all (``fused_glue``)."""
+        if not self.fused_glue:
+            return [self._mm(L[f"{n}.weight"], X, layer, rows, L.get(f"{n}.bias")) for n in names]
+        kernels.share_input(X)
+        try:
+            return [self._mm(L[f"{n}.weight"], X, layer, rows, L.get(f"{n}.bias")) for n in names]
+        finally:
+            kernels.share_input(None)
+
     def _head_norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:  # x (T, H, hd)
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
         if self._ggml():
@@ -330,17 +362,42 @@ class Model:
         ops.rope(x, positions.astype(np.float64), inv, neox)
         return x
 
+    def _kv_reads(self, layer: int, T: int, n: int) -> None:
+        """Count a chunk of T tokens' K/V writes and the reads of n cached positions; set the threads."""
+        hp = self.hp
+        kv_row = hp.n_kv * hp.head_dim * F32
+        self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
+        self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
+        kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
+
+    def _attention_ggml(self, layer: int, L: dict, q, k, v, positions, local: bool) -> np.ndarray:
+        """The ggml path from the projections to the attention output in two compiled calls
+        (``ggml_ops.attention_inputs``, then ``ggml_ops.attention``): the same arithmetic as the
+        step by step path (``fused_glue = False``), with fewer operations run cold after each
+        weight matrix streams through the caches."""
+        hp, g, T = self.hp, self.hp.graph, q.shape[0]
+        p0 = int(positions[0])
+        scale = ggml_ops.kq_scale(hp.attn_scale)
+        pre = scale if g.q_prescale else np.float32(1.0)  # llama.cpp scales q, then softmax with scale 1
+        qn, kn = (L[f"attn_{x}_norm.weight"] if g.qk_norm else _NO_BIAS for x in "qk")
+        base = hp.rope_base_swa if local else hp.rope_base
+        q = ggml_ops.attention_inputs(
+            q, k, v, qn, kn, np.float32(hp.norm_eps), positions, self._theta_scale[base],
+            self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None, pre,
+            self.k_cache[layer], self.v_cache[layer], p0)
+        self._kv_reads(layer, T, p0 + T)
+        return ggml_ops.attention(q, self.k_cache[layer], self.v_cache[layer], p0,
+                                  np.float32(1.0) if g.q_prescale else scale,
+                                  hp.window if hp.swa_layers[layer] else 0, np.float32(hp.attn_softcap or 0.0))
+
     def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
         hp, T = self.hp, q.shape[0]
         p0 = int(positions[0])
         self.k_cache[layer, :, p0 : p0 + T] = k.transpose(1, 0, 2)
         self.v_cache[layer, :, p0 : p0 + T] = v.transpose(1, 0, 2)
         n = p0 + T
-        kv_row = hp.n_kv * hp.head_dim * F32
-        self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
-        self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
+        self._kv_reads(layer, T, n)
         window = hp.window if hp.swa_layers[layer] else 0
-        kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
         if self._ggml():
             scale = ggml_ops.kq_scale(hp.attn_scale)
             if hp.graph.q_prescale:  # llama.cpp scales q, then runs the softmax with scale 1
@@ -368,8 +425,7 @@ class Model:
                 self._score_prediction(L, h, rows)
         if "ffn_gate.weight" in L and self.mode == "dense" and self._activation() == GGML_SILU:
             # ggml's SwiGLU in one pass: silu(gate)·up, the bits of silu(gate)·1 then ·up
-            g = self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias"))
-            a = ggml_ops.silu_mul(g, self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")))
+            a = ggml_ops.silu_mul(*self._mm_shared(L, ("ffn_gate", "ffn_up"), h, layer, rows))
         elif "ffn_gate.weight" in L:
             g = _act(self._activation(), self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
                      hp.activation_threshold)
@@ -381,7 +437,7 @@ class Model:
         else:
             a = _act(self._activation(), self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")),
                      hp.activation_threshold)
-        a = a.astype(np.float32)
+        a = a.astype(np.float32, copy=False)
         if rows is not None:
             keep = np.zeros(hp.d_ffn, bool)
             keep[rows] = True
@@ -441,8 +497,9 @@ class Model:
             self.counter.add("weights", T * self.pos_embd.row_bytes, None, self.pos_embd.name)
         act_bytes = 0
         self.ffn_nnz = 0
+        rest = None  # the last branch output not yet added to x (added with the next norm)
         for i, L in enumerate(self.layers):
-            h = self._norm(x, L["attn_norm.weight"], L.get("attn_norm.bias"))
+            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"))
             g = hp.graph
             if g.fused_qkv:
                 qkv = self._mm(L["attn_qkv.weight"], h, i, bias=L.get("attn_qkv.bias"))
@@ -450,21 +507,22 @@ class Model:
                 k = qkv[:, hp.n_heads * hp.head_dim : (hp.n_heads + hp.n_kv) * hp.head_dim]
                 v = qkv[:, (hp.n_heads + hp.n_kv) * hp.head_dim :]
             else:
-                q = self._mm(L["attn_q.weight"], h, i, bias=L.get("attn_q.bias"))
-                k = self._mm(L["attn_k.weight"], h, i, bias=L.get("attn_k.bias"))
-                v = self._mm(L["attn_v.weight"], h, i, bias=L.get("attn_v.bias"))
+                q, k, v = self._mm_shared(L, ("attn_q", "attn_k", "attn_v"), h, i)
             q = q.reshape(T, hp.n_heads, hp.head_dim)
             k = k.reshape(T, hp.n_kv, hp.head_dim)
-            if g.qk_norm:  # RMSNorm over each head's vector, before RoPE
-                q = self._head_norm(q, L["attn_q_norm.weight"])
-                k = self._head_norm(k, L["attn_k_norm.weight"])
-            local = hp.swa_layers[i]
-            if g.rope is not None:  # (learned positions were added to the embeddings)
-                q = self._rope(q, positions, local)
-                k = self._rope(k, positions, local)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
-            attn = self._mm(L["attn_output.weight"], self._attention(i, q, k, v, positions), i,
-                            bias=L.get("attn_output.bias"))
+            local = hp.swa_layers[i]
+            if self.fused_glue and self._ggml():
+                a = self._attention_ggml(i, L, q, k, v, positions, local)
+            else:
+                if g.qk_norm:  # RMSNorm over each head's vector, before RoPE
+                    q = self._head_norm(q, L["attn_q_norm.weight"])
+                    k = self._head_norm(k, L["attn_k_norm.weight"])
+                if g.rope is not None:  # (learned positions were added to the embeddings)
+                    q = self._rope(q, positions, local)
+                    k = self._rope(k, positions, local)
+                a = self._attention(i, q, k, v, positions)
+            attn = self._mm(L["attn_output.weight"], a, i, bias=L.get("attn_output.bias"))
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
                 attn = self._norm(attn, L["post_attention_norm.weight"], None)
             if g.parallel_attn_default:  # parallel attention and MLP on the same input x
@@ -472,14 +530,13 @@ class Model:
                     n2 = g.parallel_ffn_norm
                     h = self._norm(x, L[f"{n2}.weight"], L.get(f"{n2}.bias"))
                 ffn, nnz = self._ffn(L, h, i)
-                x = x + attn + ffn
+                x, rest = x + attn, ffn  # (x + attn) + ffn, in that order
             else:
-                x = x + attn
-                h2 = self._norm(x, L["ffn_norm.weight"], L.get("ffn_norm.bias"))
+                x, h2 = self._add_norm(x, attn, L["ffn_norm.weight"], L.get("ffn_norm.bias"))
                 ffn, nnz = self._ffn(L, h2, i)
                 if g.post_norms:
                     ffn = self._norm(ffn, L["post_ffw_norm.weight"], None)
-                x = x + ffn
+                rest = ffn
             # intermediate vectors of the block: residual/norm copies (one more with a separate
             # FFN norm), q/k/v, attention output, FFN activations (one more when gated)
             vec = (hp.d_model * (3 if g.parallel_attn_default and not g.parallel_ffn_norm else 4)
@@ -490,8 +547,13 @@ class Model:
             self.counter.add("activations", layer_act, i)
             act_bytes += layer_act
         self.pos += T
-        x = x if all_logits else x[-1:]
-        out = self._norm(x, self.output_norm, self.output_norm_b)
+        if rest is not None and self._fuse_norm(self.output_norm_b):  # every row normed, the last kept
+            x, out = self._add_norm(x, rest, self.output_norm, self.output_norm_b)
+            out = out if all_logits else out[-1:]
+        else:
+            x = x if rest is None else x + rest
+            x = x if all_logits else x[-1:]
+            out = self._norm(x, self.output_norm, self.output_norm_b)
         logits = self._mm(self.output, out, None)
         if hp.final_softcap:  # Gemma 2: cap·tanh(logits / cap)
             logits = (hp.final_softcap * np.tanh(logits / hp.final_softcap)).astype(np.float32)

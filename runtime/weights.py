@@ -149,10 +149,9 @@ def _load_blocks(kind: str, raw: np.ndarray, n_out: int, n_in: int) -> np.ndarra
 
 
 def _rows_blocks(m: Matrix, rows: np.ndarray) -> np.ndarray:
-    """Selected rows decoded by gguf-py's dequantizer (the reference decoder of every type)."""
-    from gguf import dequantize
-
-    return dequantize(m.data[rows], quant.qtype(m.kind)).astype(np.float32).reshape(len(rows), m.n_in)
+    """Selected rows decoded by the kernels' per-type decoders on the calling thread, to the bit
+    what gguf-py's dequantizer (the reference, tests/runtime/test_weights_in_place.py) gives."""
+    return K.decode_rows_at(m.kind.lower(), m.data, rows)
 
 
 def _dense_blocks(m: Matrix) -> np.ndarray:

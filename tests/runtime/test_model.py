@@ -240,3 +240,38 @@ def test_block_quant_bytes_counted_are_the_file_bytes(exported, outtype):
             assert from_gguf_tensor(t).nbytes == int(t.n_bytes), t.name
             checked += 1
     assert checked >= 3
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "gemma3", "gemma2", "phi3", "mistral",
+                                  "falcon-new-decoder", "gpt2"])
+def test_fused_glue_gives_the_step_by_step_logits_to_the_bit(tmp_path, kind, arithmetic):
+    """On the ggml path (int8 block weights), ``Model.fused_glue`` runs the residual adds with the
+    norms after them, and everything between the q/k/v projections and attention, as compiled
+    calls, and quantizes a shared input once for q/k/v and gate/up: the same float32 operations as
+    the step by step path, so prefill and decode logits are identical, for every graph feature
+    (biases, per-head norms, RoPE factors, post-norms, soft caps, windows, parallel blocks)."""
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from tests.conftest import LLAMA3_ROPE
+
+    extra = {"llama3": LLAMA3_ROPE}.get(kind, {})
+    src = _tiny_with_tokenizer("llama" if kind == "llama3" else kind, tmp_path / kind, **extra)
+    path = tmp_path / f"{kind}.gguf"
+    export_gguf(str(src), path, GGUFExportConfig("q8_0"))
+    ids = list(range(3, 40, 3))
+    arithmetic("int8")
+    m = Model(path)
+    assert m._ggml()
+    runs = {}
+    for fused in (True, False):
+        m.fused_glue = fused
+        m.reset()
+        prefill = m.forward(ids, all_logits=True)
+        m.reset()
+        steps = np.concatenate([m.forward(ids[:4])] + [m.forward([t]) for t in ids[4:]])
+        runs[fused] = prefill, steps
+    from runtime import kernels
+
+    assert kernels._SHARED["x"] is None  # the shared input is released after each use
+    for a, b in zip(runs[True], runs[False]):
+        assert a.dtype == b.dtype == np.float32
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

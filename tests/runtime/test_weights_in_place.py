@@ -82,3 +82,19 @@ def test_every_block_type_is_a_view_of_the_file(tmp_path, kind):
         assert np.shares_memory(m.data, r.data), t.name
         assert m.data.dtype == np.uint8 and m.row_bytes == quant.row_bytes(kind, m.n_in)
         assert m.nbytes == int(t.n_bytes)
+
+
+@pytest.mark.parametrize("kind", BLOCK_TYPES)
+def test_embedding_rows_decode_as_gguf_py_to_the_bit(tmp_path, kind):
+    """``rows_f32`` (the embedding look-up of every step) decodes with the kernels' per-type
+    decoders and equals gguf-py's dequantizer bit for bit, negative zeros included, for any rows
+    (repeated, out of order)."""
+    path = _write(tmp_path / f"{kind}.gguf", kind, layers=1)
+    model = Model(path)
+    m = model.tok_embd
+    rows = np.array([5, 0, 63, 5, 17], np.int64)
+    ref = gguf.dequantize(m.data[rows], quant.qtype(kind)).astype(np.float32).reshape(len(rows), m.n_in)
+    got = m.rows_f32(rows)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    assert m.rows_f32(np.array([], np.int64)).shape == (0, m.n_in)
