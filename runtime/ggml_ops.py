@@ -401,6 +401,9 @@ def _silu_mul(x, g):  # x, g (T, n) f32
     return out
 
 
+silu_mul_rows = _silu_mul  # the compiled function, for compiled callers (runtime.decode_block)
+
+
 @njit(cache=True)
 def _silu_mul_lanes(x, g):  # _silu_mul through the scalar ``v_expf`` lane (tests)
     T, n = x.shape

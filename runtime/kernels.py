@@ -122,17 +122,23 @@ def set_threads(n: int | None = None) -> int:
     return n
 
 
+def thread_count() -> int:
+    """The thread count the parallel kernels use for large work (``set_threads``'s count; without
+    a call, numba's setting at the first use)."""
+    if _THREADS["want"] == 0:
+        import numba
+
+        _THREADS["want"] = _THREADS["now"] = numba.get_num_threads()
+    return _THREADS["want"]
+
+
 def threads_for(nbytes: int) -> None:
     """Before a parallel kernel that touches ``nbytes``: one thread below SERIAL_BYTES, else the
     ``set_threads`` count (a tiny model's every matmul, a short attention, run without waking the
     pool). Changes numba's setting only when the choice changes (a set costs ~2.5 µs). Without a
     ``set_threads`` call (library use: the checker, perplexity), the count is numba's setting at
     the first call."""
-    want = _THREADS["want"]
-    if want == 0:
-        import numba
-
-        want = _THREADS["want"] = _THREADS["now"] = numba.get_num_threads()
+    want = thread_count()
     if want > 1:
         n = 1 if nbytes < SERIAL_BYTES else want
         if n != _THREADS["now"]:
@@ -2209,6 +2215,11 @@ def mm_block_int8(fmt, W, X, rows, Y):
         _mm_kq_int(W, *_quantized(X, "k"), rows, Y, KQ_INT_KIND[fmt])
     else:
         _mm_b32_int(W, *_quantized(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
+
+
+# the int8 kernels and the Q8_0/Q8_1 quantizer under public names, for compiled callers
+# (runtime.decode_block calls them from inside its own compiled function)
+mm_b32_int8, mm_kq_int8, quantize_q8_blocks = _mm_b32_int, _mm_kq_int, _quantize_q8_stored
 
 
 def mm_block_arith(fmt, W, X, rows, Y):

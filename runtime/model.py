@@ -28,7 +28,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models.architectures import Architecture, for_gguf_arch, runtime_architectures
-from runtime import ggml_ops, gguf_checks, kernels, ops
+from runtime import decode_block, ggml_ops, gguf_checks, kernels, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
@@ -244,6 +244,8 @@ class Model:
         # ggml_rope's per-dimension factor of each base, computed once (the fused path's argument)
         self._theta_scale = {b: ggml_ops.theta_scale(b, hp.rope_dims) if hp.rope_dims else np.float32(1.0)
                              for b in (hp.rope_base, hp.rope_base_swa)}
+        self._plans = None  # decode_block plans per layer, gathered at the first decode step
+        self._no_rest = np.zeros((0, hp.d_model), np.float32)
 
     # --- loading ---------------------------------------------------------------------
     def _layer(self, t: dict, i: int) -> dict:
@@ -361,6 +363,53 @@ class Model:
         inv = self._inv_freq_swa if local else self._inv_freq
         ops.rope(x, positions.astype(np.float64), inv, neox)
         return x
+
+    def _count_activations(self, layer: int, T: int) -> None:
+        """Count a block's intermediate vectors: residual/norm copies (one more with a separate
+        FFN norm), q/k/v, attention output, FFN activations (one more when gated), each written
+        once and read once."""
+        hp, g = self.hp, self.hp.graph
+        vec = (hp.d_model * (3 if g.parallel_attn_default and not g.parallel_ffn_norm else 4)
+               + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim
+               + hp.n_heads * hp.head_dim + (3 if g.gated_ffn else 2) * hp.d_ffn)
+        self.counter.add("activations", 2 * vec * F32 * T, layer)
+
+    def _block_plans(self) -> list | None:
+        """Per layer, what ``decode_block.block`` takes (None where it does not apply), when a
+        decode step can run its blocks compiled: the ggml path with ``fused_glue``, dense mode,
+        no hooks watching the FFN. Gathered once."""
+        if not (self.fused_glue and self.mode == "dense" and self._ggml()
+                and self.ffn_input_hook is None and self.ffn_act_hook is None):
+            return None
+        if self._plans is None:
+            silu = self._activation() == GGML_SILU
+            self._plans = [decode_block.plan(L, self.hp.graph, self.hp.graph.norm == "layer", silu)
+                           for L in self.layers]
+        return self._plans
+
+    def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
+                        positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """``decode_block.block`` for one token: (x + attention, the FFN output, its nonzeros),
+        bytes counted as the step by step path counts them."""
+        hp, g = self.hp, self.hp.graph
+        p0 = int(positions[0])
+        local = hp.swa_layers[layer]
+        scale = ggml_ops.kq_scale(hp.attn_scale)
+        kernels.threads_for(p.largest)  # every matmul and the attention of the block on these
+        x, ffn, nnz = decode_block.block(
+            x, self._no_rest if rest is None else rest, p.W, p.codes, p.B, p.attn_norm, p.ffn_norm,
+            p.q_norm, p.k_norm, np.float32(hp.norm_eps), positions,
+            self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
+            self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None,
+            scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
+            hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
+            self.k_cache[layer], self.v_cache[layer], p0, hp.n_heads, hp.n_kv, hp.head_dim)
+        for tensor, nbytes in p.reads:
+            self.counter.add("weights", nbytes, layer, tensor)
+        kv_row = hp.n_kv * hp.head_dim * F32
+        self.counter.add("kv_cache", 2 * kv_row, layer)  # write
+        self.counter.add("kv_cache", 2 * kv_row * (p0 + 1), layer)  # read K and V
+        return x, ffn, int(nnz)
 
     def _kv_reads(self, layer: int, T: int, n: int) -> None:
         """Count a chunk of T tokens' K/V writes and the reads of n cached positions; set the threads."""
@@ -495,12 +544,17 @@ class Model:
         if self.pos_embd is not None:
             x = x + self.pos_embd.rows_f32(positions)
             self.counter.add("weights", T * self.pos_embd.row_bytes, None, self.pos_embd.name)
-        act_bytes = 0
         self.ffn_nnz = 0
         rest = None  # the last branch output not yet added to x (added with the next norm)
+        plans = self._block_plans() if T == 1 else None
         for i, L in enumerate(self.layers):
-            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"))
             g = hp.graph
+            if plans is not None and plans[i] is not None:  # the whole block as one compiled call
+                x, rest, nnz = self._compiled_block(i, plans[i], x, rest, positions)
+                self._count_activations(i, T)
+                self.ffn_nnz += nnz
+                continue
+            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"))
             if g.fused_qkv:
                 qkv = self._mm(L["attn_qkv.weight"], h, i, bias=L.get("attn_qkv.bias"))
                 q = qkv[:, : hp.n_heads * hp.head_dim]
@@ -537,15 +591,8 @@ class Model:
                 if g.post_norms:
                     ffn = self._norm(ffn, L["post_ffw_norm.weight"], None)
                 rest = ffn
-            # intermediate vectors of the block: residual/norm copies (one more with a separate
-            # FFN norm), q/k/v, attention output, FFN activations (one more when gated)
-            vec = (hp.d_model * (3 if g.parallel_attn_default and not g.parallel_ffn_norm else 4)
-                   + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim
-                   + hp.n_heads * hp.head_dim + (3 if g.gated_ffn else 2) * hp.d_ffn)
             self.ffn_nnz += nnz
-            layer_act = 2 * vec * F32 * T  # each intermediate vector written once, read once
-            self.counter.add("activations", layer_act, i)
-            act_bytes += layer_act
+            self._count_activations(i, T)
         self.pos += T
         if rest is not None and self._fuse_norm(self.output_norm_b):  # every row normed, the last kept
             x, out = self._add_norm(x, rest, self.output_norm, self.output_norm_b)
