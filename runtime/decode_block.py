@@ -65,12 +65,13 @@ def _matmul(W, h, code, bias):
 
 
 @njit(cache=True)
-def block(x, rest, W, codes, B, attn_norm, ffn_norm, q_norm, k_norm, eps, positions,
-          theta_scale, freq_factors, neox, rotate, prescale, scale, window, softcap, K, V, p0,
+def block(x, rest, positions, p0, W, codes, B, attn_norm, ffn_norm, q_norm, k_norm, eps,
+          theta_scale, freq_factors, neox, rotate, prescale, scale, window, softcap, K, V,
           n_heads, n_kv, head_dim):
     """One block for one token. x (1, d): the residual stream; rest (1, d) or (0, d): the previous
-    block's FFN output not yet added to x. W, codes, B: the MATRICES in order (weights, kernel
-    codes, biases or empty). Returns (x + attention, the FFN output, the
+    block's FFN output not yet added to x; positions (1,) int64 and p0 its value. W, codes, B:
+    the MATRICES in order (weights, kernel codes, biases or empty); the rest is the layer's
+    constants (``Model._compiled_block`` gathers them once). Returns (x + attention, the FFN output, the
     FFN activation's nonzero count). It runs on numba's thread count as the caller set it (setting
     it in here, ``numba.set_num_threads``, would keep numba from caching the compiled code)."""
     if rest.shape[0]:
@@ -107,6 +108,7 @@ class BlockPlan:
     k_norm: np.ndarray
     reads: list  # (tensor name, bytes): the weight reads the byte counter adds per token
     largest: int  # bytes of the largest matrix: the thread count follows it (kernels.threads_for)
+    args: tuple | None = None  # block's arguments after p0, gathered by the model at first use
 
 
 _NONE = np.zeros(0, np.float32)

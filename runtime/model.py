@@ -392,18 +392,18 @@ class Model:
         """``decode_block.block`` for one token: (x + attention, the FFN output, its nonzeros),
         bytes counted as the step by step path counts them."""
         hp, g = self.hp, self.hp.graph
+        if p.args is None:  # the layer's constants, once
+            local = hp.swa_layers[layer]
+            scale = ggml_ops.kq_scale(hp.attn_scale)
+            p.args = (p.W, p.codes, p.B, p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm, np.float32(hp.norm_eps),
+                      self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
+                      self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None,
+                      scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
+                      hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
+                      self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim)
         p0 = int(positions[0])
-        local = hp.swa_layers[layer]
-        scale = ggml_ops.kq_scale(hp.attn_scale)
         kernels.threads_for(p.largest)  # every matmul and the attention of the block on these
-        x, ffn, nnz = decode_block.block(
-            x, self._no_rest if rest is None else rest, p.W, p.codes, p.B, p.attn_norm, p.ffn_norm,
-            p.q_norm, p.k_norm, np.float32(hp.norm_eps), positions,
-            self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
-            self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None,
-            scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
-            hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
-            self.k_cache[layer], self.v_cache[layer], p0, hp.n_heads, hp.n_kv, hp.head_dim)
+        x, ffn, nnz = decode_block.block(x, self._no_rest if rest is None else rest, positions, p0, *p.args)
         for tensor, nbytes in p.reads:
             self.counter.add("weights", nbytes, layer, tensor)
         kv_row = hp.n_kv * hp.head_dim * F32
