@@ -9,7 +9,9 @@ llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to ea
 
 * ``tok_s``: decode tokens/s of aios-run (its default arithmetic, int8 activations for block
   types) and of llama.cpp (llama-cpp-python) on the same file, both ``--threads`` threads,
-  alternated for ``--rounds`` rounds; ``ratio`` is the median of the per-round ratios;
+  alternated for ``--rounds`` rounds; ``ratio`` is the median of the per-round ratios and
+  ``ratio_ci95`` its 95 % bootstrap interval (at 5-7 rounds on this shared machine it spans
+  ±5-15 %: judge a preset over runs, or run more rounds);
 * ``eff_gb_s``: our effective weight bandwidth (the weight bytes our counter says one decode
   token reads × tokens/s) and its fraction of the machine's streaming read bandwidth, probed
   right after each of ``--rounds`` further decode rounds (best of several parallel read kernels
@@ -60,7 +62,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
 from llamacpp_worker import clean_env, exit_text  # noqa: E402
-from runtime_vs_llamacpp import PROMPT, LlamaCpp, Ours, WeightProbe, paired, read_rows, stream_bandwidth  # noqa: E402
+from runtime_vs_llamacpp import (PROMPT, LlamaCpp, Ours, WeightProbe, interval, paired, read_rows,  # noqa: E402
+                                 stream_bandwidth)
 
 PRESETS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_0", "Q5_K_M", "Q6_K", "IQ4_XS")
 ARCHS = ("falcon-7b", "llama-3.1-8b")
@@ -191,7 +194,7 @@ def one_file(path: Path, preset: str, args) -> dict:
     row = {"preset": preset, "file_bytes": size, "types_2d": dict(sorted(mix.items())),
            "arithmetic": kernels.arithmetic_label(set(mix)),
            "tok_s": {"aios_run": round(p["a"]["decode_tok_s"], 2), "llama_cpp": round(p["b"]["decode_tok_s"], 2)},
-           "ratios": p["ratios"], "ratio": p["ratio"],
+           "ratios": p["ratios"], "ratio": p["ratio"], "ratio_ci95": p["ratio_ci95"],
            "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2),
            "stream_gb_s": round(stream, 2), "eff_over_stream": round(ratio_bw, 3),
            "eff_over_stream_rounds": [round(r, 3) for r, _ in bw],
@@ -248,9 +251,16 @@ def _iqr_text(r: dict, key: str = "eff_over_stream_per_step_quartiles") -> str:
     return f"({q[0]:.2f}–{q[2]:.2f}) " if q else ""
 
 
+def _ci_text(r: dict) -> str:
+    """"[lo–hi] " of a row's bootstrap interval of the median ratio (computed from the rounds for
+    results files written before the interval was stored)."""
+    ci = r.get("ratio_ci95") or (interval(r["ratios"]) if len(r.get("ratios", ())) > 1 else None)
+    return f"[{ci[0]:.2f}–{ci[1]:.2f}] " if ci else ""
+
+
 def markdown(result: dict) -> str:
     """The run as a Markdown table (one row per file), as docs/benchmarks.md shows it."""
-    head = ("| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio (rounds) "
+    head = ("| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio [95 % interval] (rounds) "
             "| eff GB/s / stream (best probe) | eff / same pages, per step (quartiles) "
             "| eff / 1 GiB array, per step (quartiles) | ours RSS / file | load s ours / llama.cpp |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -262,7 +272,7 @@ def markdown(result: dict) -> str:
         types = ", ".join(f"{k}×{v}" for k, v in r["types_2d"].items())
         lines.append(
             f"| {r['arch']} | {r['preset']} | {r['file_bytes'] / 2**20:.0f} | {types} | {r['tok_s']['aios_run']} "
-            f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** ({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
+            f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** {_ci_text(r)}({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
             f"| {r['eff_gb_s']} / {r['stream_gb_s']} = {r['eff_over_stream']:.2f} "
             f"| {r.get('eff_over_stream_per_step', '?')} {_iqr_text(r)}"
             f"| {r.get('eff_over_array_per_step', '?')} {_iqr_text(r, 'eff_over_array_per_step_quartiles')}"

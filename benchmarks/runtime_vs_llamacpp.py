@@ -248,11 +248,20 @@ class Ours:
 
 
 
+def interval(ratios, seed: int = 0) -> list[float]:
+    """95 % bootstrap interval (10,000 resamples) of the median of ``ratios``: how far the
+    reported median could move on this machine's round-to-round noise."""
+    x = np.asarray(ratios, float)
+    boot = np.median(np.random.default_rng(seed).choice(x, (10000, len(x))), axis=1)
+    return [round(float(v), 3) for v in np.percentile(boot, [2.5, 97.5])]
+
+
 def paired(a, b, n: int, rounds: int) -> dict:
     """Alternate a and b (a,b then b,a ...) so drift on a shared machine hits both alike.
 
-    Returns the best tokens/s of each, the per-round ratios a/b and their median (the figure
-    reported: a single slow round on either side does not decide it).
+    Returns the best tokens/s of each, the per-round ratios a/b, their median (the figure
+    reported: a single slow round on either side does not decide it) and its 95 % bootstrap
+    interval.
     """
     ra, rb, ratios = [], [], []
     for r in range(rounds):
@@ -265,7 +274,7 @@ def paired(a, b, n: int, rounds: int) -> dict:
         ratios.append(x["decode_tok_s"] / y["decode_tok_s"])
     best = lambda rs: max(rs, key=lambda d: d["decode_tok_s"])  # noqa: E731
     return {"a": best(ra), "b": best(rb), "ratios": [round(x, 3) for x in ratios],
-            "ratio": round(float(np.median(ratios)), 3)}
+            "ratio": round(float(np.median(ratios)), 3), "ratio_ci95": interval(ratios)}
 
 
 QUANT_TYPES = ("q8_0", "q4_0", "q4_k_m")

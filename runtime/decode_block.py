@@ -11,10 +11,12 @@ attention and SwiGLU, in the same float32 operations and order as ``Model.forwar
 step path, so the logits are the same to the bit (tests/runtime/test_decode_block.py). Paired
 decode steps, this against the Python block: 1.2 ms faster per step (median, 200 pairs).
 
-Which blocks: a sequential block (attention, then the FFN) with RMS norms without biases, a
-gated SiLU FFN, separate q/k/v matrices (biases allowed), optional per-head q/k norms, any RoPE
-variant, window, soft cap or q pre-scaling, every matrix a block type with an int8 kernel
-(``plan`` says which; the others run the Python path). Decode only (one token): a prompt's
+Which blocks (``plan`` decides per layer; the others run the Python path), every matrix a block
+type with an int8 kernel: ``block``, a sequential block (attention, then the FFN) with RMS norms
+without biases, a gated SiLU FFN, separate q/k/v matrices (biases allowed), optional per-head
+q/k norms, any RoPE variant, window, soft cap or q pre-scaling (Llama, Mistral, Qwen2/3);
+``parallel_block``, Falcon's: LayerNorms, one fused q/k/v matrix, attention and a GELU MLP on
+the same input (with the MLP's own norm, Falcon-40B). Decode only (one token): a prompt's
 chunk spends its time in the kernels already.
 
 numba caches this module's functions by this file only: after changing a kernel in
@@ -29,8 +31,9 @@ import numpy as np
 from numba import njit
 
 from runtime import kernels
-from runtime.ggml_ops import add_rms_norm, attention, attention_inputs, rms_norm, silu_mul_rows
+from runtime.ggml_ops import add_rms_norm, attention, attention_inputs, layer_norm, rms_norm, silu_mul_rows
 from runtime.kernels import mm_b32_int8, mm_kq_int8, quantize_activations_k, quantize_q8_blocks
+from runtime.ops import gelu_lookup
 
 # a matrix's kernel as one integer: a 32-value type's B32_KIND (+ AFFINE for the Q8_1 partners),
 # or KQ + a K-quant's KQ_INT_KIND
@@ -95,6 +98,39 @@ def block(x, rest, positions, p0, W, codes, B, attn_norm, ffn_norm, q_norm, k_no
     return x, d, nnz
 
 
+@njit(cache=True)
+def parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ffn_norm_w, ffn_norm_b, gelu,
+                   eps, theta_scale, freq_factors, neox, rotate, prescale, scale, window, softcap, K, V,
+                   n_heads, n_kv, head_dim):
+    """One Falcon-style block for one token: LayerNorms (biases: empty arrays when none), one
+    fused q/k/v matrix, attention and a GELU MLP side by side on the same input (the MLP's own
+    norm when ``ffn_norm_w`` is not empty, Falcon-40B's). W, codes, B: PARALLEL_MATRICES in
+    order; ``gelu``: ggml's table (``ops.gelu_table``). Returns (x + attention, the MLP output,
+    its activation's nonzero count), as ``block``."""
+    if rest.shape[0]:
+        x = x + rest
+    h = layer_norm(x, norm_w, norm_b, eps)
+    qkv = _matmul(W[0], h, codes[0], B[0])
+    nq, nkv = n_heads * head_dim, n_kv * head_dim
+    q = qkv[0, :nq].copy().reshape(1, n_heads, head_dim)
+    k = qkv[0, nq:nq + nkv].copy().reshape(1, n_kv, head_dim)
+    v = qkv[0, nq + nkv:nq + 2 * nkv].copy().reshape(1, n_kv, head_dim)
+    qr = attention_inputs(q, k, v, norm_w[:0], norm_w[:0], eps, positions, theta_scale, freq_factors,
+                          neox, rotate, prescale, K, V, p0)
+    a = attention(qr, K, V, p0, scale, window, softcap)
+    attn = _matmul(W[1], a, codes[1], B[1])
+    if ffn_norm_w.shape[0]:
+        h = layer_norm(x, ffn_norm_w, ffn_norm_b, eps)
+    up = _matmul(W[2], h, codes[2], B[2])
+    act = gelu_lookup(up.reshape(-1), gelu).reshape(up.shape)
+    nnz = np.count_nonzero(act)
+    d = _matmul(W[3], act, codes[3], B[3])
+    return x + attn, d, nnz
+
+
+PARALLEL_MATRICES = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
+
+
 @dataclass
 class BlockPlan:
     """What ``block`` takes for one layer, gathered once."""
@@ -109,17 +145,23 @@ class BlockPlan:
     reads: list  # (tensor name, bytes): the weight reads the byte counter adds per token
     largest: int  # bytes of the largest matrix: the thread count follows it (kernels.threads_for)
     args: tuple | None = None  # block's arguments after p0, gathered by the model at first use
+    parallel: bool = False  # parallel_block (Falcon) rather than block
+    attn_norm_b: np.ndarray | None = None  # parallel_block's LayerNorm biases (empty: none)
+    ffn_norm_b: np.ndarray | None = None
 
 
 _NONE = np.zeros(0, np.float32)
 
 
-def plan(L: dict, graph, norm_layer: bool, silu: bool) -> BlockPlan | None:
-    """Layer ``L``'s plan when ``block`` computes it (see the module docstring), else None.
-    ``norm_layer``: the file's norms are LayerNorms; ``silu``: the FFN activation is ggml's SiLU."""
+def plan(L: dict, graph, norm_layer: bool, silu: bool, gelu: bool = False) -> BlockPlan | None:
+    """Layer ``L``'s plan when ``block`` or ``parallel_block`` computes it (see the module
+    docstring), else None. ``norm_layer``: the file's norms are LayerNorms; ``silu`` / ``gelu``:
+    the FFN activation is ggml's SiLU / GELU."""
     from runtime.weights import Matrix
 
-    if (graph.fused_qkv or graph.parallel_attn_default or graph.post_norms or not graph.gated_ffn
+    if graph.parallel_attn_default:
+        return _parallel_plan(L, graph, norm_layer, gelu)
+    if (graph.fused_qkv or graph.post_norms or not graph.gated_ffn
             or norm_layer or not silu or "attn_norm.bias" in L or "ffn_norm.bias" in L):
         return None
     mats = [L.get(f"{n}.weight") for n in MATRICES]
@@ -135,3 +177,25 @@ def plan(L: dict, graph, norm_layer: bool, silu: bool) -> BlockPlan | None:
         q_norm=L["attn_q_norm.weight"] if graph.qk_norm else _NONE,
         k_norm=L["attn_k_norm.weight"] if graph.qk_norm else _NONE, reads=reads,
         largest=max(m.nbytes for m in mats))
+
+
+def _parallel_plan(L: dict, graph, norm_layer: bool, gelu: bool) -> BlockPlan | None:
+    """A Falcon-style layer's plan: LayerNorms, fused q/k/v, a plain GELU MLP, no q/k norms."""
+    from runtime.weights import Matrix
+
+    if not (norm_layer and gelu and graph.fused_qkv) or graph.gated_ffn or graph.post_norms or graph.qk_norm:
+        return None
+    mats = [L.get(f"{n}.weight") for n in PARALLEL_MATRICES]
+    if not all(type(m) is Matrix and kernel_code(m.kind) is not None for m in mats):
+        return None
+    biases = [L.get(f"{n}.bias") for n in PARALLEL_MATRICES]
+    reads = [(m.name, m.nbytes) for m in mats]
+    reads += [(m.name + ".bias", b.nbytes) for m, b in zip(mats, biases) if b is not None]
+    f32 = lambda v: _NONE if v is None else np.ascontiguousarray(v, np.float32)  # noqa: E731
+    n2 = graph.parallel_ffn_norm
+    return BlockPlan(
+        W=tuple(m.data for m in mats), codes=np.array([kernel_code(m.kind) for m in mats], np.int64),
+        B=tuple(f32(b) for b in biases), attn_norm=f32(L["attn_norm.weight"]),
+        ffn_norm=f32(L.get(f"{n2}.weight") if n2 else None), q_norm=_NONE, k_norm=_NONE,
+        reads=reads, largest=max(m.nbytes for m in mats), parallel=True,
+        attn_norm_b=f32(L.get("attn_norm.bias")), ffn_norm_b=f32(L.get(f"{n2}.bias") if n2 else None))

@@ -382,9 +382,9 @@ class Model:
                 and self.ffn_input_hook is None and self.ffn_act_hook is None):
             return None
         if self._plans is None:
-            silu = self._activation() == GGML_SILU
-            self._plans = [decode_block.plan(L, self.hp.graph, self.hp.graph.norm == "layer", silu)
-                           for L in self.layers]
+            act = self._activation()
+            self._plans = [decode_block.plan(L, self.hp.graph, self.hp.graph.norm == "layer", act == GGML_SILU,
+                                             act == GGML_GELU) for L in self.layers]
         return self._plans
 
     def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
@@ -395,7 +395,9 @@ class Model:
         if p.args is None:  # the layer's constants, once
             local = hp.swa_layers[layer]
             scale = ggml_ops.kq_scale(hp.attn_scale)
-            p.args = (p.W, p.codes, p.B, p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm, np.float32(hp.norm_eps),
+            norms = ((p.attn_norm, p.attn_norm_b, p.ffn_norm, p.ffn_norm_b, ops.gelu_table()) if p.parallel
+                     else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
+            p.args = (p.W, p.codes, p.B, *norms, np.float32(hp.norm_eps),
                       self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
                       self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None,
                       scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
@@ -403,7 +405,8 @@ class Model:
                       self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim)
         p0 = int(positions[0])
         kernels.threads_for(p.largest)  # every matmul and the attention of the block on these
-        x, ffn, nnz = decode_block.block(x, self._no_rest if rest is None else rest, positions, p0, *p.args)
+        run = decode_block.parallel_block if p.parallel else decode_block.block
+        x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions, p0, *p.args)
         for tensor, nbytes in p.reads:
             self.counter.add("weights", nbytes, layer, tensor)
         kv_row = hp.n_kv * hp.head_dim * F32

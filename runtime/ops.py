@@ -159,14 +159,19 @@ def _gelu_table() -> np.ndarray:
     return _GELU_TABLE[0]
 
 
+def gelu_table() -> np.ndarray:
+    """ggml's GELU table: the fp16-rounded GELU of every fp16 value, indexed by its bits."""
+    return _gelu_table()
+
+
 def gelu_ggml(x: np.ndarray) -> np.ndarray:
     """GELU as llama.cpp's CPU backend computes it (tanh form, fp16 table), float32 out."""
     x = np.ascontiguousarray(x, np.float32)
-    return _gelu_lookup(x.reshape(-1), _gelu_table()).reshape(x.shape)
+    return gelu_lookup(x.reshape(-1), _gelu_table()).reshape(x.shape)
 
 
 @njit(cache=True)
-def _gelu_lookup(x, table):
+def gelu_lookup(x, table):
     """ggml_vec_gelu_f32 (GGML_GELU_FP16): 0 at x ≤ −10, x at x ≥ 10, else the table at x's fp16
     bits (|x| ≥ 65520 rounds to ±inf there, as in ggml). One compiled loop: as numpy (fp16
     cast, gather, two selects) it took 0.27 ms per Falcon-7B FFN row of 18176."""

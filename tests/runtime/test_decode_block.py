@@ -20,6 +20,9 @@ MIXES = {
     1: {"attn_q": "Q3_K", "attn_k": "Q8_0", "attn_v": "Q5_K", "attn_output": "IQ4_XS",
         "ffn_gate": "Q4_0", "ffn_up": "Q4_K", "ffn_down": "Q6_K"},
 }
+# Falcon's four matrices per block (fused q/k/v, plain MLP)
+FALCON_MIXES = {0: {"attn_qkv": "Q5_1", "attn_output": "Q6_K", "ffn_up": "Q4_1", "ffn_down": "IQ4_XS"},
+                1: {"attn_qkv": "Q4_K", "attn_output": "Q8_0", "ffn_up": "Q5_0", "ffn_down": "Q3_K"}}
 
 
 def _retyped(src, dst, mixes=MIXES):
@@ -79,31 +82,38 @@ def _decode_both(m: Model, ids: list[int]) -> dict:
     return out
 
 
-@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral", "falcon", "falcon-new-decoder"])
 def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, arithmetic):
-    """Llama 3.1 RoPE factors, Qwen2's q/k/v biases, Qwen3's per-head norms, Mistral's window;
-    every matrix a different int8 kernel (32-value, affine 32-value and K-quant types): decode
-    logits, the byte counter and the FFN nonzero count equal the step by step path's."""
-    f32 = _export(tmp_path, kind, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                  num_key_value_heads=2, **({"head_dim": 64} if kind == "qwen3" else {}))
+    """Llama 3.1 RoPE factors, Qwen2's q/k/v biases, Qwen3's per-head norms, Mistral's window,
+    Falcon-7B's parallel block with one KV head, Falcon-40B's grouped KV heads and the MLP's own
+    norm; every matrix a different int8 kernel (32-value, affine 32-value and K-quant types):
+    decode logits, the byte counter and the FFN nonzero count equal the step by step path's."""
+    if kind.startswith("falcon"):
+        dims = dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4)
+        if kind == "falcon-new-decoder":
+            dims["num_kv_heads"] = 2
+    else:
+        dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                    **({"head_dim": 64} if kind == "qwen3" else {}))
+    f32 = _export(tmp_path, kind, **dims)
     arithmetic("int8")
-    m = Model(_retyped(f32, tmp_path / f"{kind}.mixed.gguf"))
+    m = Model(_retyped(f32, tmp_path / f"{kind}.mixed.gguf", FALCON_MIXES if kind.startswith("falcon") else MIXES))
     ids = list(range(3, 60, 5))
     runs = _decode_both(m, ids)
     assert m._plans is not None and all(p is not None for p in m._plans)
     assert {int(c) for p in m._plans for c in p.codes} >= {decode_block.kernel_code(t) for t in
-                                                            ("Q4_1", "Q5_1", "Q6_K", "Q4_0", "Q2_K")}
+                                                            ("Q4_1", "Q5_1", "Q6_K", "Q8_0", "Q4_K")}
     new, old = runs[True], runs[False]
     assert np.array_equal(new[0].view(np.uint32), old[0].view(np.uint32))
     assert new[1:] == old[1:]
 
 
 def test_blocks_outside_the_compiled_shape_run_step_by_step(tmp_path, arithmetic):
-    """Gemma 3 (norms after each branch, GELU), Falcon (parallel block, LayerNorm, fused QKV) and
-    Phi-3 (fused QKV and gate/up) keep the Python block; so does any model while an FFN hook
-    watches (the checker's R1 counts, predictor fitting) or in a sparse mode."""
+    """Gemma 3 (norms after each branch, GELU), Phi-3 (fused QKV and gate/up) and GPT-2 (learned
+    positions, biased norms) keep the Python block; so does any model while an FFN hook watches
+    (the checker's R1 counts, predictor fitting), with fused_glue off or in float arithmetic."""
     arithmetic("int8")
-    for kind in ("gemma3", "falcon-new-decoder", "phi3"):
+    for kind in ("gemma3", "phi3", "gpt2"):
         m = Model(_export(tmp_path, kind, "q8_0"))
         m.forward([1, 2, 3])
         m.forward([4])
