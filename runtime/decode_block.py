@@ -153,49 +153,43 @@ class BlockPlan:
 _NONE = np.zeros(0, np.float32)
 
 
+def _weights(L: dict, names: tuple[str, ...]) -> dict | None:
+    """The plan fields of the matrices ``names`` (weights, kernel codes, biases, the bytes the
+    counter adds, the largest matrix), or None when one is not a stored matrix with an int8 kernel."""
+    from runtime.weights import Matrix
+
+    mats = [L.get(f"{n}.weight") for n in names]
+    if not all(type(m) is Matrix and kernel_code(m.kind) is not None for m in mats):
+        return None
+    biases = [L.get(f"{n}.bias") for n in names]
+    reads = [(m.name, m.nbytes) for m in mats]
+    reads += [(m.name + ".bias", b.nbytes) for m, b in zip(mats, biases) if b is not None]
+    return dict(W=tuple(m.data for m in mats), codes=np.array([kernel_code(m.kind) for m in mats], np.int64),
+                B=tuple(_f32(b) for b in biases), reads=reads, largest=max(m.nbytes for m in mats))
+
+
+def _f32(v: np.ndarray | None) -> np.ndarray:
+    return _NONE if v is None else np.ascontiguousarray(v, np.float32)
+
+
 def plan(L: dict, graph, norm_layer: bool, silu: bool, gelu: bool = False) -> BlockPlan | None:
     """Layer ``L``'s plan when ``block`` or ``parallel_block`` computes it (see the module
     docstring), else None. ``norm_layer``: the file's norms are LayerNorms; ``silu`` / ``gelu``:
     the FFN activation is ggml's SiLU / GELU."""
-    from runtime.weights import Matrix
-
-    if graph.parallel_attn_default:
-        return _parallel_plan(L, graph, norm_layer, gelu)
+    if graph.parallel_attn_default:  # Falcon: LayerNorms, fused q/k/v, a plain GELU MLP
+        if not (norm_layer and gelu and graph.fused_qkv) or graph.gated_ffn or graph.post_norms or graph.qk_norm:
+            return None
+        w = _weights(L, PARALLEL_MATRICES)
+        n2 = graph.parallel_ffn_norm
+        return None if w is None else BlockPlan(
+            **w, attn_norm=_f32(L["attn_norm.weight"]), ffn_norm=_f32(L.get(f"{n2}.weight") if n2 else None),
+            q_norm=_NONE, k_norm=_NONE, parallel=True, attn_norm_b=_f32(L.get("attn_norm.bias")),
+            ffn_norm_b=_f32(L.get(f"{n2}.bias") if n2 else None))
     if (graph.fused_qkv or graph.post_norms or not graph.gated_ffn
             or norm_layer or not silu or "attn_norm.bias" in L or "ffn_norm.bias" in L):
         return None
-    mats = [L.get(f"{n}.weight") for n in MATRICES]
-    if not all(type(m) is Matrix and kernel_code(m.kind) is not None for m in mats):
-        return None
-    biases = [L.get(f"{n}.bias") for n in MATRICES]
-    reads = [(m.name, m.nbytes) for m in mats]
-    reads += [(m.name + ".bias", b.nbytes) for m, b in zip(mats, biases) if b is not None]
-    return BlockPlan(
-        W=tuple(m.data for m in mats), codes=np.array([kernel_code(m.kind) for m in mats], np.int64),
-        B=tuple(_NONE if b is None else np.ascontiguousarray(b, np.float32) for b in biases),
-        attn_norm=L["attn_norm.weight"], ffn_norm=L["ffn_norm.weight"],
+    w = _weights(L, MATRICES)
+    return None if w is None else BlockPlan(
+        **w, attn_norm=L["attn_norm.weight"], ffn_norm=L["ffn_norm.weight"],
         q_norm=L["attn_q_norm.weight"] if graph.qk_norm else _NONE,
-        k_norm=L["attn_k_norm.weight"] if graph.qk_norm else _NONE, reads=reads,
-        largest=max(m.nbytes for m in mats))
-
-
-def _parallel_plan(L: dict, graph, norm_layer: bool, gelu: bool) -> BlockPlan | None:
-    """A Falcon-style layer's plan: LayerNorms, fused q/k/v, a plain GELU MLP, no q/k norms."""
-    from runtime.weights import Matrix
-
-    if not (norm_layer and gelu and graph.fused_qkv) or graph.gated_ffn or graph.post_norms or graph.qk_norm:
-        return None
-    mats = [L.get(f"{n}.weight") for n in PARALLEL_MATRICES]
-    if not all(type(m) is Matrix and kernel_code(m.kind) is not None for m in mats):
-        return None
-    biases = [L.get(f"{n}.bias") for n in PARALLEL_MATRICES]
-    reads = [(m.name, m.nbytes) for m in mats]
-    reads += [(m.name + ".bias", b.nbytes) for m, b in zip(mats, biases) if b is not None]
-    f32 = lambda v: _NONE if v is None else np.ascontiguousarray(v, np.float32)  # noqa: E731
-    n2 = graph.parallel_ffn_norm
-    return BlockPlan(
-        W=tuple(m.data for m in mats), codes=np.array([kernel_code(m.kind) for m in mats], np.int64),
-        B=tuple(f32(b) for b in biases), attn_norm=f32(L["attn_norm.weight"]),
-        ffn_norm=f32(L.get(f"{n2}.weight") if n2 else None), q_norm=_NONE, k_norm=_NONE,
-        reads=reads, largest=max(m.nbytes for m in mats), parallel=True,
-        attn_norm_b=f32(L.get("attn_norm.bias")), ffn_norm_b=f32(L.get(f"{n2}.bias") if n2 else None))
+        k_norm=L["attn_k_norm.weight"] if graph.qk_norm else _NONE)
