@@ -409,9 +409,7 @@ class Model:
         x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions, p0, *p.args)
         for tensor, nbytes in p.reads:
             self.counter.add("weights", nbytes, layer, tensor)
-        kv_row = hp.n_kv * hp.head_dim * F32
-        self.counter.add("kv_cache", 2 * kv_row, layer)  # write
-        self.counter.add("kv_cache", 2 * kv_row * (p0 + 1), layer)  # read K and V
+        self._kv_reads(layer, 1, p0 + 1)
         return x, ffn, int(nnz)
 
     def _kv_reads(self, layer: int, T: int, n: int) -> None:
