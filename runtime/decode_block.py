@@ -53,15 +53,30 @@ def kernel_code(kind: str) -> int | None:
 
 
 @njit(cache=True)
-def _matmul(W, h, code, bias):
-    """h (1, k) @ Wᵀ as ``kernels.mm_block_int8`` computes it, plus the bias when there is one."""
-    Y = np.empty((h.shape[0], W.shape[0]), np.float32)
+def _quantized(h, codes, lo, hi):
+    """h's int8 blocks in each activation format that matrices lo..hi-1 take (Q8_K, Q8_0, Q8_1),
+    each computed once for them all; a format none of them takes is left empty."""
+    k = q0 = q1 = False
+    for j in range(lo, hi):
+        k |= codes[j] >= KQ
+        q0 |= codes[j] < AFFINE
+        q1 |= AFFINE <= codes[j] < KQ
+    none = h[:0]
+    return (quantize_activations_k(h if k else none), quantize_q8_blocks(h if q0 else none, False),
+            quantize_q8_blocks(h if q1 else none, True))
+
+
+@njit(cache=True)
+def _matmul(W, xs, code, bias):
+    """One matmul as ``kernels.mm_block_int8`` computes it, on ``_quantized``'s blocks of its
+    input, plus the bias when there is one."""
+    qk, q0, q1 = xs
+    Y = np.empty((max(qk[0].shape[0], q0[0].shape[0], q1[0].shape[0]), W.shape[0]), np.float32)
     if code >= KQ:
-        xq, xd, xb = quantize_activations_k(h)
-        mm_kq_int8(W, xq, xd, xb, None, Y, code - KQ)
+        mm_kq_int8(W, qk[0], qk[1], qk[2], None, Y, code - KQ)
     else:
-        xq, xd, xs = quantize_q8_blocks(h, code >= AFFINE)
-        mm_b32_int8(W, xq, xd, xs, None, Y, code % AFFINE)
+        x = q1 if code >= AFFINE else q0
+        mm_b32_int8(W, x[0], x[1], x[2], None, Y, code % AFFINE)
     if bias.shape[0]:
         Y += bias
     return Y
@@ -81,20 +96,22 @@ def block(x, rest, positions, p0, W, codes, B, attn_norm, ffn_norm, q_norm, k_no
         x, h = add_rms_norm(x, rest, attn_norm, eps)
     else:
         h = rms_norm(x, attn_norm, eps)
-    q = _matmul(W[0], h, codes[0], B[0])
-    k = _matmul(W[1], h, codes[1], B[1])
-    v = _matmul(W[2], h, codes[2], B[2])
+    xs = _quantized(h, codes, 0, 3)
+    q = _matmul(W[0], xs, codes[0], B[0])
+    k = _matmul(W[1], xs, codes[1], B[1])
+    v = _matmul(W[2], xs, codes[2], B[2])
     qr = attention_inputs(q.reshape(1, n_heads, head_dim), k.reshape(1, n_kv, head_dim),
                           v.reshape(1, n_kv, head_dim), q_norm, k_norm, eps, positions, theta_scale,
                           freq_factors, neox, rotate, prescale, K, V, p0)
     a = attention(qr, K, V, p0, scale, window, softcap)
-    o = _matmul(W[3], a, codes[3], B[3])
+    o = _matmul(W[3], _quantized(a, codes, 3, 4), codes[3], B[3])
     x, h2 = add_rms_norm(x, o, ffn_norm, eps)
-    g = _matmul(W[4], h2, codes[4], B[4])
-    u = _matmul(W[5], h2, codes[5], B[5])
+    xs = _quantized(h2, codes, 4, 6)
+    g = _matmul(W[4], xs, codes[4], B[4])
+    u = _matmul(W[5], xs, codes[5], B[5])
     act = silu_mul_rows(g, u)
     nnz = np.count_nonzero(act)
-    d = _matmul(W[6], act, codes[6], B[6])
+    d = _matmul(W[6], _quantized(act, codes, 6, 7), codes[6], B[6])
     return x, d, nnz
 
 
@@ -110,7 +127,7 @@ def parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ffn_norm
     if rest.shape[0]:
         x = x + rest
     h = layer_norm(x, norm_w, norm_b, eps)
-    qkv = _matmul(W[0], h, codes[0], B[0])
+    qkv = _matmul(W[0], _quantized(h, codes, 0, 1), codes[0], B[0])
     nq, nkv = n_heads * head_dim, n_kv * head_dim
     q = qkv[0, :nq].copy().reshape(1, n_heads, head_dim)
     k = qkv[0, nq:nq + nkv].copy().reshape(1, n_kv, head_dim)
@@ -118,13 +135,13 @@ def parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ffn_norm
     qr = attention_inputs(q, k, v, norm_w[:0], norm_w[:0], eps, positions, theta_scale, freq_factors,
                           neox, rotate, prescale, K, V, p0)
     a = attention(qr, K, V, p0, scale, window, softcap)
-    attn = _matmul(W[1], a, codes[1], B[1])
+    attn = _matmul(W[1], _quantized(a, codes, 1, 2), codes[1], B[1])
     if ffn_norm_w.shape[0]:
         h = layer_norm(x, ffn_norm_w, ffn_norm_b, eps)
-    up = _matmul(W[2], h, codes[2], B[2])
+    up = _matmul(W[2], _quantized(h, codes, 2, 3), codes[2], B[2])
     act = gelu_lookup(up.reshape(-1), gelu).reshape(up.shape)
     nnz = np.count_nonzero(act)
-    d = _matmul(W[3], act, codes[3], B[3])
+    d = _matmul(W[3], _quantized(act, codes, 3, 4), codes[3], B[3])
     return x + attn, d, nnz
 
 

@@ -122,23 +122,17 @@ def set_threads(n: int | None = None) -> int:
     return n
 
 
-def thread_count() -> int:
-    """The thread count the parallel kernels use for large work (``set_threads``'s count; without
-    a call, numba's setting at the first use)."""
-    if _THREADS["want"] == 0:
-        import numba
-
-        _THREADS["want"] = _THREADS["now"] = numba.get_num_threads()
-    return _THREADS["want"]
-
-
 def threads_for(nbytes: int) -> None:
     """Before a parallel kernel that touches ``nbytes``: one thread below SERIAL_BYTES, else the
     ``set_threads`` count (a tiny model's every matmul, a short attention, run without waking the
     pool). Changes numba's setting only when the choice changes (a set costs ~2.5 µs). Without a
     ``set_threads`` call (library use: the checker, perplexity), the count is numba's setting at
     the first call."""
-    want = thread_count()
+    want = _THREADS["want"]
+    if want == 0:
+        import numba
+
+        want = _THREADS["want"] = _THREADS["now"] = numba.get_num_threads()
     if want > 1:
         n = 1 if nbytes < SERIAL_BYTES else want
         if n != _THREADS["now"]:
