@@ -33,7 +33,13 @@ from numba import njit
 from runtime import kernels
 from runtime.ggml_ops import add_rms_norm, attention, attention_inputs, layer_norm, rms_norm, silu_mul_rows
 from runtime.kernels import mm_b32_int8, mm_kq_int8, quantize_activations_k, quantize_q8_blocks
-from runtime.ops import gelu_lookup
+from runtime.ggml_ops import f16_bits
+from runtime.kernels import BF16_ROWS, F16_ROWS, ONE_ROW_X_BYTES, mm_f16_half_x, mm_f16_half_x_one, mm_float_rows
+from runtime.ops import attention as attention_f
+from runtime.ops import gelu_erf, gelu_lookup, silu
+from runtime.ops import layer_norm as layer_norm_f
+from runtime.ops import rms_norm as rms_norm_f
+from runtime.ops import rope as rope_f
 
 # a matrix's kernel as one integer: a 32-value type's B32_KIND (+ AFFINE for the Q8_1 partners),
 # or KQ + a K-quant's KQ_INT_KIND
@@ -148,6 +154,113 @@ def parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ffn_norm
 PARALLEL_MATRICES = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
 
 
+# --- the float path: F16 and BF16 matrices, the norms, RoPE and attention of runtime.ops -----------
+# codes: an F16 matrix with x rounded to fp16 (the default arithmetic, ggml's vec_dot_f16), an
+# F16 or a BF16 one with float32 x (``kernels.set_arithmetic("float")``)
+F16_HALF_X, F16_FLOAT_X, BF16_FLOAT_X = 200, 201, 202
+SILU, GELU_ERF = 0, 1  # the FFN activation (ops.silu, ops.gelu_erf)
+
+
+@njit(cache=True)
+def _half(h, codes, lo, hi):
+    """h's fp16 bits when one of matrices lo..hi-1 takes x in fp16, else an empty array."""
+    need = False
+    for j in range(lo, hi):
+        need |= codes[j] == F16_HALF_X
+    T, k = h.shape
+    out = np.empty((T if need else 0, k), np.uint16)
+    for t in range(out.shape[0]):
+        for j in range(k):
+            out[t, j] = f16_bits(h[t, j])
+    return out
+
+
+@njit(cache=True)
+def _float_matmul(W, h, xh, code, bias):
+    """One matmul as ``kernels.mm_f16_arith`` / ``mm_bf16`` compute it (k a multiple of 32)."""
+    Y = np.empty((h.shape[0], W.shape[0]), np.float32)
+    if code == F16_HALF_X:
+        if 2 * h.shape[1] <= ONE_ROW_X_BYTES:
+            mm_f16_half_x_one(W, xh, None, Y)
+        else:
+            mm_f16_half_x(W, xh, None, Y)
+    else:
+        mm_float_rows(W, h, None, Y, F16_ROWS if code == F16_FLOAT_X else BF16_ROWS)
+    if bias.shape[0]:
+        Y += bias
+    return Y
+
+
+@njit(cache=True)
+def _float_attention(q, k, v, q_norm, k_norm, eps, positions, inv_freq, neox, rotate, K, V, p0,
+                     scale, window, softcap):
+    """From the projections (1, heads, head_dim) to the attention output as ``Model.forward``'s
+    float path computes it: per-head norms, RoPE on copies, the KV write, ``ops.attention``."""
+    if q_norm.shape[0]:
+        q = rms_norm_f(q.reshape(-1, q.shape[2]), q_norm, eps).reshape(q.shape)
+        k = rms_norm_f(k.reshape(-1, k.shape[2]), k_norm, eps).reshape(k.shape)
+    if rotate:
+        q, k = q.copy(), k.copy()
+        rope_f(q, positions, inv_freq, neox)
+        rope_f(k, positions, inv_freq, neox)
+    for h in range(k.shape[1]):
+        K[h, p0] = k[0, h]
+        V[h, p0] = v[0, h]
+    return attention_f(q, K, V, p0, scale, window, softcap)
+
+
+@njit(cache=True)
+def _activation(u, act):
+    return (silu(u.reshape(-1)) if act == SILU else gelu_erf(u.reshape(-1))).reshape(u.shape)
+
+
+@njit(cache=True)
+def float_block(x, rest, positions, p0, W, codes, B, attn_norm, ffn_norm, q_norm, k_norm, eps,
+                inv_freq, neox, rotate, scale, window, softcap, K, V, n_heads, n_kv, head_dim, act):
+    """``block`` on the float path: F16/BF16 matrices (codes above), runtime.ops's norms, RoPE
+    (``positions`` float64) and attention, ``act``'s gated FFN. Returns as ``block``."""
+    if rest.shape[0]:
+        x = x + rest
+    h = rms_norm_f(x, attn_norm, eps)
+    xh = _half(h, codes, 0, 3)
+    q = _float_matmul(W[0], h, xh, codes[0], B[0])
+    k = _float_matmul(W[1], h, xh, codes[1], B[1])
+    v = _float_matmul(W[2], h, xh, codes[2], B[2])
+    a = _float_attention(q.reshape(1, n_heads, head_dim), k.reshape(1, n_kv, head_dim),
+                         v.reshape(1, n_kv, head_dim), q_norm, k_norm, eps, positions, inv_freq, neox,
+                         rotate, K, V, p0, scale, window, softcap)
+    x = x + _float_matmul(W[3], a, _half(a, codes, 3, 4), codes[3], B[3])
+    h2 = rms_norm_f(x, ffn_norm, eps)
+    xh = _half(h2, codes, 4, 6)
+    g = _activation(_float_matmul(W[4], h2, xh, codes[4], B[4]), act)
+    a = g * _float_matmul(W[5], h2, xh, codes[5], B[5])
+    nnz = np.count_nonzero(a)
+    return x, _float_matmul(W[6], a, _half(a, codes, 6, 7), codes[6], B[6]), nnz
+
+
+@njit(cache=True)
+def float_parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ffn_norm_w, ffn_norm_b,
+                         eps, inv_freq, neox, rotate, scale, window, softcap, K, V, n_heads, n_kv,
+                         head_dim, act):
+    """``parallel_block`` on the float path (as ``float_block``)."""
+    if rest.shape[0]:
+        x = x + rest
+    h = layer_norm_f(x, norm_w, norm_b, eps)
+    qkv = _float_matmul(W[0], h, _half(h, codes, 0, 1), codes[0], B[0])
+    nq, nkv = n_heads * head_dim, n_kv * head_dim
+    q = qkv[:, :nq].copy().reshape(1, n_heads, head_dim)
+    k = qkv[:, nq:nq + nkv].copy().reshape(1, n_kv, head_dim)
+    v = qkv[:, nq + nkv:nq + 2 * nkv].copy().reshape(1, n_kv, head_dim)
+    a = _float_attention(q, k, v, norm_w[:0], norm_w[:0], eps,
+                         positions, inv_freq, neox, rotate, K, V, p0, scale, window, softcap)
+    attn = _float_matmul(W[1], a, _half(a, codes, 1, 2), codes[1], B[1])
+    if ffn_norm_w.shape[0]:
+        h = layer_norm_f(x, ffn_norm_w, ffn_norm_b, eps)
+    u = _activation(_float_matmul(W[2], h, _half(h, codes, 2, 3), codes[2], B[2]), act)
+    nnz = np.count_nonzero(u)
+    return x + attn, _float_matmul(W[3], u, _half(u, codes, 3, 4), codes[3], B[3]), nnz
+
+
 @dataclass
 class BlockPlan:
     """What ``block`` takes for one layer, gathered once."""
@@ -165,23 +278,34 @@ class BlockPlan:
     parallel: bool = False  # parallel_block (Falcon) rather than block
     attn_norm_b: np.ndarray | None = None  # parallel_block's LayerNorm biases (empty: none)
     ffn_norm_b: np.ndarray | None = None
+    act: int | None = None  # the float path's activation (SILU, GELU_ERF); None: the int8 block
 
 
 _NONE = np.zeros(0, np.float32)
 
 
-def _weights(L: dict, names: tuple[str, ...]) -> dict | None:
+def float_code(kind: str, half_x: bool) -> int | None:
+    """The code of an F16 / BF16 matrix on the float path (``half_x``: the process's arithmetic
+    rounds x to fp16 for F16, ``kernels.mm_f16_arith``); None for any other type."""
+    fmt = kind.upper()
+    if fmt == "F16":
+        return F16_HALF_X if half_x else F16_FLOAT_X
+    return BF16_FLOAT_X if fmt == "BF16" else None
+
+
+def _weights(L: dict, names: tuple[str, ...], code=kernel_code) -> dict | None:
     """The plan fields of the matrices ``names`` (weights, kernel codes, biases, the bytes the
-    counter adds, the largest matrix), or None when one is not a stored matrix with an int8 kernel."""
+    counter adds, the largest matrix), or None when one is not a stored matrix that ``code``
+    (a gguf-py type name -> code or None) gives a code."""
     from runtime.weights import Matrix
 
     mats = [L.get(f"{n}.weight") for n in names]
-    if not all(type(m) is Matrix and kernel_code(m.kind) is not None for m in mats):
+    if not all(type(m) is Matrix and code(m.kind) is not None for m in mats):
         return None
     biases = [L.get(f"{n}.bias") for n in names]
     reads = [(m.name, m.nbytes) for m in mats]
     reads += [(m.name + ".bias", b.nbytes) for m, b in zip(mats, biases) if b is not None]
-    return dict(W=tuple(m.data for m in mats), codes=np.array([kernel_code(m.kind) for m in mats], np.int64),
+    return dict(W=tuple(m.data for m in mats), codes=np.array([code(m.kind) for m in mats], np.int64),
                 B=tuple(_f32(b) for b in biases), reads=reads, largest=max(m.nbytes for m in mats))
 
 
@@ -189,14 +313,14 @@ def _f32(v: np.ndarray | None) -> np.ndarray:
     return _NONE if v is None else np.ascontiguousarray(v, np.float32)
 
 
-def plan(L: dict, graph, norm_layer: bool, silu: bool, gelu: bool = False) -> BlockPlan | None:
+def plan(L: dict, graph, norm_layer: bool, silu: bool, gelu: bool = False, code=kernel_code) -> BlockPlan | None:
     """Layer ``L``'s plan when ``block`` or ``parallel_block`` computes it (see the module
     docstring), else None. ``norm_layer``: the file's norms are LayerNorms; ``silu`` / ``gelu``:
-    the FFN activation is ggml's SiLU / GELU."""
+    the FFN activation is ggml's SiLU / GELU (the float path's: SiLU / erf GELU, ``float_plan``)."""
     if graph.parallel_attn_default:  # Falcon: LayerNorms, fused q/k/v, a plain GELU MLP
         if not (norm_layer and gelu and graph.fused_qkv) or graph.gated_ffn or graph.post_norms or graph.qk_norm:
             return None
-        w = _weights(L, PARALLEL_MATRICES)
+        w = _weights(L, PARALLEL_MATRICES, code)
         n2 = graph.parallel_ffn_norm
         return None if w is None else BlockPlan(
             **w, attn_norm=_f32(L["attn_norm.weight"]), ffn_norm=_f32(L.get(f"{n2}.weight") if n2 else None),
@@ -205,8 +329,22 @@ def plan(L: dict, graph, norm_layer: bool, silu: bool, gelu: bool = False) -> Bl
     if (graph.fused_qkv or graph.post_norms or not graph.gated_ffn
             or norm_layer or not silu or "attn_norm.bias" in L or "ffn_norm.bias" in L):
         return None
-    w = _weights(L, MATRICES)
+    w = _weights(L, MATRICES, code)
     return None if w is None else BlockPlan(
         **w, attn_norm=L["attn_norm.weight"], ffn_norm=L["ffn_norm.weight"],
         q_norm=L["attn_q_norm.weight"] if graph.qk_norm else _NONE,
         k_norm=L["attn_k_norm.weight"] if graph.qk_norm else _NONE)
+
+
+def float_plan(L: dict, graph, norm_layer: bool, activation: str, half_x: bool) -> BlockPlan | None:
+    """Layer ``L``'s plan when ``float_block`` or ``float_parallel_block`` computes it: the
+    shapes ``plan`` takes, every matrix F16 or BF16 with rows a multiple of 32 values long,
+    ``activation`` the checkpoint's SiLU or erf GELU ("silu", "gelu")."""
+    act = {"silu": SILU, "gelu": GELU_ERF}.get(activation)
+    if act is None:
+        return None
+    p = plan(L, graph, norm_layer, act == SILU, act == GELU_ERF, lambda kind: float_code(kind, half_x))
+    if p is None or any(w.shape[1] % 32 for w in p.W):
+        return None
+    p.act = act
+    return p

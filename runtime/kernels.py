@@ -1905,6 +1905,10 @@ def _mm_f16_hx1(W, XH, rows, Y):
             Y[t, i] = dot1_f16_hx(W[i], XH[t], k)[0]
 
 
+# the float matrices' kernels under public names, for compiled callers (runtime.decode_block)
+mm_float_rows, mm_f16_half_x, mm_f16_half_x_one = _mm_float, _mm_f16_hx, _mm_f16_hx1
+
+
 def mm_f16_arith(W, X, rows, Y):
     """``mm_f16`` in the process's arithmetic: under "int8" (llama.cpp's) x rounded to fp16 first,
     as ggml's vec_dot_f16 does; under "float" x float32 (exact to float32 rounding)."""

@@ -92,11 +92,9 @@ def _act(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
     if name == "fatrelu":
         return np.where(x > (threshold or 0.0), x, 0).astype(np.float32)
     if name == "silu":
-        return x / (1 + np.exp(-x))
+        return ops.silu(np.ascontiguousarray(x, np.float32).reshape(-1)).reshape(x.shape)
     if name == "gelu":  # exact (erf) GELU, as HF "gelu"
-        from scipy.special import erf
-
-        return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
+        return ops.gelu_erf(np.ascontiguousarray(x, np.float32).reshape(-1)).reshape(x.shape)
     if name == GGML_GELU:  # the int8 arithmetic's GELU: llama.cpp's (ops.gelu_ggml)
         return ops.gelu_ggml(x)
     if name == GGML_SILU:
@@ -245,6 +243,7 @@ class Model:
         self._theta_scale = {b: ggml_ops.theta_scale(b, hp.rope_dims) if hp.rope_dims else np.float32(1.0)
                              for b in (hp.rope_base, hp.rope_base_swa)}
         self._plans = None  # decode_block plans per layer, gathered at the first decode step
+        self._plans_arith = None  # the arithmetic they were gathered for
         self._no_rest = np.zeros((0, hp.d_model), np.float32)
 
     # --- loading ---------------------------------------------------------------------
@@ -375,16 +374,23 @@ class Model:
         self.counter.add("activations", 2 * vec * F32 * T, layer)
 
     def _block_plans(self) -> list | None:
-        """Per layer, what ``decode_block.block`` takes (None where it does not apply), when a
-        decode step can run its blocks compiled: the ggml path with ``fused_glue``, dense mode,
-        no hooks watching the FFN. Gathered once."""
-        if not (self.fused_glue and self.mode == "dense" and self._ggml()
+        """Per layer, what ``decode_block``'s blocks take (None where none applies), when a
+        decode step can run its blocks compiled: ``fused_glue``, dense mode, no hooks watching
+        the FFN. The ggml path's blocks (int8 kernels) or the float path's (F16/BF16 matrices).
+        Gathered once per arithmetic."""
+        if not (self.fused_glue and self.mode == "dense"
                 and self.ffn_input_hook is None and self.ffn_act_hook is None):
             return None
-        if self._plans is None:
-            act = self._activation()
-            self._plans = [decode_block.plan(L, self.hp.graph, self.hp.graph.norm == "layer", act == GGML_SILU,
-                                             act == GGML_GELU) for L in self.layers]
+        arith = kernels.arithmetic()
+        if self._plans is None or self._plans_arith != arith:
+            act, g = self._activation(), self.hp.graph
+            layer_norms = g.norm == "layer"
+            if self._ggml():
+                self._plans = [decode_block.plan(L, g, layer_norms, act == GGML_SILU, act == GGML_GELU)
+                               for L in self.layers]
+            else:
+                self._plans = [decode_block.float_plan(L, g, layer_norms, act, arith == "int8") for L in self.layers]
+            self._plans_arith = arith
         return self._plans
 
     def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
@@ -392,6 +398,8 @@ class Model:
         """``decode_block.block`` for one token: (x + attention, the FFN output, its nonzeros),
         bytes counted as the step by step path counts them."""
         hp, g = self.hp, self.hp.graph
+        if p.act is not None:
+            return self._compiled_float_block(layer, p, x, rest, positions)
         if p.args is None:  # the layer's constants, once
             local = hp.swa_layers[layer]
             scale = ggml_ops.kq_scale(hp.attn_scale)
@@ -407,10 +415,33 @@ class Model:
         kernels.threads_for(p.largest)  # every matmul and the attention of the block on these
         run = decode_block.parallel_block if p.parallel else decode_block.block
         x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions, p0, *p.args)
+        self._count_block(layer, p, p0)
+        return x, ffn, int(nnz)
+
+    def _compiled_float_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
+                              positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """``decode_block.float_block`` (or its parallel form) for one token, as ``_compiled_block``."""
+        hp, g = self.hp, self.hp.graph
+        if p.args is None:
+            local = hp.swa_layers[layer]
+            norms = ((p.attn_norm, p.attn_norm_b, p.ffn_norm, p.ffn_norm_b) if p.parallel
+                     else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
+            p.args = (p.W, p.codes, p.B, *norms, float(hp.norm_eps), self._inv_freq_swa if local else self._inv_freq,
+                      g.rope == "neox", g.rope is not None, float(hp.attn_scale), hp.window if local else 0,
+                      float(hp.attn_softcap or 0.0), self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv,
+                      hp.head_dim, p.act)
+        p0 = int(positions[0])
+        kernels.threads_for(p.largest)
+        run = decode_block.float_parallel_block if p.parallel else decode_block.float_block
+        x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions.astype(np.float64), p0, *p.args)
+        self._count_block(layer, p, p0)
+        return x, ffn, int(nnz)
+
+    def _count_block(self, layer: int, p, p0: int) -> None:
+        """A compiled block's weight and K/V bytes, as the step by step path counts them."""
         for tensor, nbytes in p.reads:
             self.counter.add("weights", nbytes, layer, tensor)
         self._kv_reads(layer, 1, p0 + 1)
-        return x, ffn, int(nnz)
 
     def _kv_reads(self, layer: int, T: int, n: int) -> None:
         """Count a chunk of T tokens' K/V writes and the reads of n cached positions; set the threads."""

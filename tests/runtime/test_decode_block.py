@@ -125,6 +125,31 @@ def test_blocks_outside_the_compiled_shape_run_step_by_step(tmp_path, arithmetic
     m.ffn_input_hook = None
     m.fused_glue = False
     assert m._block_plans() is None
-    arithmetic("float")
+    arithmetic("float")  # the float path's blocks take F16/BF16 matrices only
     m.fused_glue = True
-    assert m._block_plans() is None
+    assert m._block_plans() is not None and not any(m._block_plans())
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral", "falcon", "falcon-new-decoder"])
+@pytest.mark.parametrize("outtype,arith", [("f16", "int8"), ("f16", "float"), ("bf16", "float")])
+def test_compiled_float_blocks_decode_to_the_bit(tmp_path, kind, outtype, arith, arithmetic):
+    """The float path's blocks (F16 with x in fp16 under the default arithmetic, F16 and BF16
+    with float32 x under "float"): decode logits, the byte counter and the FFN nonzero count
+    equal the step by step path's, on the same six shapes as the int8 blocks."""
+    if kind.startswith("falcon"):
+        dims = dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4)
+        if kind == "falcon-new-decoder":
+            dims["num_kv_heads"] = 2
+    else:
+        dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                    **({"head_dim": 64} if kind == "qwen3" else {}))
+    arithmetic(arith)
+    m = Model(_export(tmp_path, kind, outtype, **dims))
+    runs = _decode_both(m, list(range(3, 60, 5)))
+    assert m._plans is not None and all(p is not None and p.act is not None for p in m._plans)
+    half = {decode_block.F16_HALF_X} if (outtype, arith) == ("f16", "int8") else (
+        {decode_block.F16_FLOAT_X} if outtype == "f16" else {decode_block.BF16_FLOAT_X})
+    assert {int(c) for p in m._plans for c in p.codes} == half
+    new, old = runs[True], runs[False]
+    assert np.array_equal(new[0].view(np.uint32), old[0].view(np.uint32))
+    assert new[1:] == old[1:]
