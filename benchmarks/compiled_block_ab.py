@@ -1,10 +1,11 @@
 """Benchmark: decode with the compiled block (``Model.fused_glue``) against the step by step
 Python block and against llama.cpp, on one GGUF, in rotating rounds.
 
-Three arms in one run: aios-run as it ships (``fused_glue`` on: on the int8 path a Llama-like
-block runs as one compiled call, ``runtime/decode_block.py``, and the other blocks' operations
-between kernels are fused), aios-run with ``fused_glue`` off (every operation a Python-level
-call, as before), and llama.cpp (llama-cpp-python in its own process, its defaults). Each round
+Three arms in one run: aios-run as it ships (``fused_glue`` on: a Llama-like or Falcon block
+runs as one compiled call, ``runtime/decode_block.py``, on the int8 path and on the float path
+of F16/BF16 files, and on the int8 path the other blocks' operations between kernels are
+fused), aios-run with ``fused_glue`` off (every operation a Python-level call, as before), and
+llama.cpp (llama-cpp-python in its own process, its defaults). Each round
 decodes ``--tokens`` tokens after the same prompt in each arm, the arms' order rotating through
 all six permutations so that drift on a shared machine hits every arm alike. Prints per pair of
 arms the median of the per-round speed ratios with a 95 % bootstrap interval (10,000 resamples

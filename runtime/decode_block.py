@@ -154,6 +154,43 @@ def parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ffn_norm
 PARALLEL_MATRICES = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
 
 
+@njit(cache=True)
+def _head(x, rest, out_norm, out_norm_b, eps, layer_norm_out, W, code):
+    """The output norm of x + rest (LayerNorm with ``out_norm_b`` when ``layer_norm_out``, else
+    RMS) and the output matmul, as ``Model.forward`` computes them after its blocks."""
+    if layer_norm_out:
+        h = layer_norm(x + rest, out_norm, out_norm_b, eps)
+    else:
+        h = add_rms_norm(x, rest, out_norm, eps)[1]
+    codes = np.full(1, code, np.int64)
+    return _matmul(W, _quantized(h, codes, 0, 1), code, out_norm[:0])
+
+
+@njit(cache=True)
+def step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_norm_out, W, code):
+    """A whole decode step after the embedding: ``block`` for every layer (``layers``: each
+    layer's arguments after p0, all of one type), the output norm and the output matmul, in one
+    call, so that no Python runs cold between a step's kernels. Returns (logits (1, vocab), the
+    FFN activations' nonzero count summed over the layers)."""
+    rest = x[:0]
+    nnz = 0
+    for i in range(len(layers)):
+        x, rest, n = block(x, rest, positions, p0, *layers[i])
+        nnz += n
+    return _head(x, rest, out_norm, out_norm_b, eps, layer_norm_out, W, code), nnz
+
+
+@njit(cache=True)
+def parallel_step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_norm_out, W, code):
+    """``step`` for ``parallel_block`` layers."""
+    rest = x[:0]
+    nnz = 0
+    for i in range(len(layers)):
+        x, rest, n = parallel_block(x, rest, positions, p0, *layers[i])
+        nnz += n
+    return _head(x, rest, out_norm, out_norm_b, eps, layer_norm_out, W, code), nnz
+
+
 # --- the float path: F16 and BF16 matrices, the norms, RoPE and attention of runtime.ops -----------
 # codes: an F16 matrix with x rounded to fp16 (the default arithmetic, ggml's vec_dot_f16), an
 # F16 or a BF16 one with float32 x (``kernels.set_arithmetic("float")``)

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
@@ -32,7 +33,7 @@ from runtime import decode_block, ggml_ops, gguf_checks, kernels, ops
 from runtime.accounting import ByteCounter
 from runtime.extensions import LAYER_HOOKS
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
-from runtime.weights import Linear, TransposedMatrix, from_gguf_tensor, transpose, vector
+from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
@@ -244,6 +245,7 @@ class Model:
                              for b in (hp.rope_base, hp.rope_base_swa)}
         self._plans = None  # decode_block plans per layer, gathered at the first decode step
         self._plans_arith = None  # the arithmetic they were gathered for
+        self._step = None  # (the plan list, decode_block.step's call or None): see _compiled_step
         self._no_rest = np.zeros((0, hp.d_model), np.float32)
 
     # --- loading ---------------------------------------------------------------------
@@ -393,13 +395,34 @@ class Model:
             self._plans_arith = arith
         return self._plans
 
-    def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
-                        positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """``decode_block.block`` for one token: (x + attention, the FFN output, its nonzeros),
-        bytes counted as the step by step path counts them."""
+    def _compiled_step(self, plans: list) -> tuple | None:
+        """(``decode_block.step`` or ``parallel_step``, its arguments after x, positions and p0)
+        when a whole decode step runs as one call: every layer has an int8 block plan of one
+        kind, the output matrix has an int8 kernel, nothing comes after the head (no final soft
+        cap), and the layers' arguments are of one numba type. Gathered once per plan list."""
+        if self._step is not None and self._step[0] is plans:
+            return self._step[1]
+        self._step, step = (plans, None), None
+        head = decode_block.kernel_code(self.output.kind) if type(self.output) is Matrix else None
+        kinds = {(p.parallel, p.act) for p in plans if p is not None}
+        if (head is not None and all(p is not None for p in plans) and len(kinds) == 1 and next(iter(kinds))[1] is None
+                and not self.hp.final_softcap and self.pos_embd is None):
+            for i, p in enumerate(plans):
+                self._block_args(i, p)
+            layers = tuple(p.args for p in plans)
+            if len({numba.typeof(a) for a in layers}) == 1:
+                layer_norms = self.hp.graph.norm == "layer"
+                step = (decode_block.parallel_step if plans[0].parallel else decode_block.step, (
+                    layers, self.output_norm, _NO_BIAS if self.output_norm_b is None else self.output_norm_b,
+                    np.float32(self.hp.norm_eps), layer_norms, self.output.data, head),
+                    max([p.largest for p in plans] + [self.output.nbytes]))
+        self._step = (plans, step)
+        return step
+
+    def _block_args(self, layer: int, p) -> None:
+        """Gather ``decode_block.block``'s (or ``parallel_block``'s) arguments after p0 into
+        ``p.args``, once."""
         hp, g = self.hp, self.hp.graph
-        if p.act is not None:
-            return self._compiled_float_block(layer, p, x, rest, positions)
         if p.args is None:  # the layer's constants, once
             local = hp.swa_layers[layer]
             scale = ggml_ops.kq_scale(hp.attn_scale)
@@ -411,6 +434,14 @@ class Model:
                       scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
                       hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
                       self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim)
+
+    def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
+                        positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """``decode_block.block`` for one token: (x + attention, the FFN output, its nonzeros),
+        bytes counted as the step by step path counts them."""
+        if p.act is not None:
+            return self._compiled_float_block(layer, p, x, rest, positions)
+        self._block_args(layer, p)
         p0 = int(positions[0])
         kernels.threads_for(p.largest)  # every matmul and the attention of the block on these
         run = decode_block.parallel_block if p.parallel else decode_block.block
@@ -579,6 +610,20 @@ class Model:
         self.ffn_nnz = 0
         rest = None  # the last branch output not yet added to x (added with the next norm)
         plans = self._block_plans() if T == 1 else None
+        step = self._compiled_step(plans) if plans is not None else None
+        if step is not None:  # the blocks and the head as one compiled call
+            run, args, largest = step
+            p0 = int(positions[0])
+            kernels.threads_for(largest)
+            logits, nnz = run(x, positions, p0, *args)
+            for i, p in enumerate(plans):
+                self._count_block(i, p, p0)
+                self._count_activations(i, T)
+            for tensor, nbytes in self.output.reads(None):
+                self.counter.add("weights", nbytes, None, tensor)
+            self.ffn_nnz = int(nnz)
+            self.pos += T
+            return logits
         for i, L in enumerate(self.layers):
             g = hp.graph
             if plans is not None and plans[i] is not None:  # the whole block as one compiled call

@@ -25,9 +25,10 @@ FALCON_MIXES = {0: {"attn_qkv": "Q5_1", "attn_output": "Q6_K", "ffn_up": "Q4_1",
                 1: {"attn_qkv": "Q4_K", "attn_output": "Q8_0", "ffn_up": "Q5_0", "ffn_down": "Q3_K"}}
 
 
-def _retyped(src, dst, mixes=MIXES):
+def _retyped(src, dst, mixes=MIXES, head=None):
     """``src`` (an f32 GGUF) rewritten with each layer's matrices in ``mixes[layer]``'s types
-    (gguf-py's encoder where it has one, else valid random blocks); everything else as stored."""
+    and the output matrix (the embedding when tied) in ``head``'s (gguf-py's encoder where it has one, else valid random
+    blocks); everything else as stored."""
     r = gguf.GGUFReader(str(src))
     arch = r.get_field("general.architecture").contents()
     w = gguf.GGUFWriter(str(dst), arch)
@@ -39,9 +40,12 @@ def _retyped(src, dst, mixes=MIXES):
         else:
             w.add_key_value(key, f.contents(), gguf.GGUFValueType(f.types[0]))
     rng = np.random.default_rng(1)
+    names = {t.name for t in r.tensors}
+    head_name = "output.weight" if "output.weight" in names else "token_embd.weight"  # tied: the embedding
     for t in r.tensors:
         parts = t.name.split(".")
         kind = mixes.get(int(parts[1]), {}).get(parts[2]) if parts[0] == "blk" and parts[-1] == "weight" else None
+        kind = head if t.name == head_name else kind
         data = np.asarray(t.data)
         if kind is None:
             w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=t.tensor_type)
@@ -82,12 +86,15 @@ def _decode_both(m: Model, ids: list[int]) -> dict:
     return out
 
 
+@pytest.mark.parametrize("head", [None, "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral", "falcon", "falcon-new-decoder"])
-def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, arithmetic):
+def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, head, arithmetic):
     """Llama 3.1 RoPE factors, Qwen2's q/k/v biases, Qwen3's per-head norms, Mistral's window,
     Falcon-7B's parallel block with one KV head, Falcon-40B's grouped KV heads and the MLP's own
     norm; every matrix a different int8 kernel (32-value, affine 32-value and K-quant types):
-    decode logits, the byte counter and the FFN nonzero count equal the step by step path's."""
+    decode logits, the byte counter and the FFN nonzero count equal the step by step path's.
+    With an int8 output matrix the whole step is one call (``decode_block.step``), with an F32
+    one the blocks are one call each."""
     if kind.startswith("falcon"):
         dims = dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4)
         if kind == "falcon-new-decoder":
@@ -97,10 +104,12 @@ def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, 
                     **({"head_dim": 64} if kind == "qwen3" else {}))
     f32 = _export(tmp_path, kind, **dims)
     arithmetic("int8")
-    m = Model(_retyped(f32, tmp_path / f"{kind}.mixed.gguf", FALCON_MIXES if kind.startswith("falcon") else MIXES))
+    m = Model(_retyped(f32, tmp_path / f"{kind}.mixed.gguf", FALCON_MIXES if kind.startswith("falcon") else MIXES,
+                       head))
     ids = list(range(3, 60, 5))
     runs = _decode_both(m, ids)
     assert m._plans is not None and all(p is not None for p in m._plans)
+    assert (m._step[1] is not None) == (head is not None)
     assert {int(c) for p in m._plans for c in p.codes} >= {decode_block.kernel_code(t) for t in
                                                             ("Q4_1", "Q5_1", "Q6_K", "Q8_0", "Q4_K")}
     new, old = runs[True], runs[False]
