@@ -1,4 +1,5 @@
-"""A decode step's transformer block as one compiled call (the int8 path, Llama-like blocks).
+"""A decode step's transformer block as one compiled call (Llama-like and Falcon blocks, on the
+int8 path and on the float path of F16/BF16 files), and a whole step as one call.
 
 Right after a weight matrix has streamed through the caches, every Python-level operation runs
 cold: on the 2-core AMD EPYC VM a 16-row matmul call took 8.6 µs back to back and 120-170 µs
@@ -16,8 +17,12 @@ type with an int8 kernel: ``block``, a sequential block (attention, then the FFN
 without biases, a gated SiLU FFN, separate q/k/v matrices (biases allowed), optional per-head
 q/k norms, any RoPE variant, window, soft cap or q pre-scaling (Llama, Mistral, Qwen2/3);
 ``parallel_block``, Falcon's: LayerNorms, one fused q/k/v matrix, attention and a GELU MLP on
-the same input (with the MLP's own norm, Falcon-40B). Decode only (one token): a prompt's
-chunk spends its time in the kernels already.
+the same input (with the MLP's own norm, Falcon-40B). ``float_block`` and
+``float_parallel_block`` are the same shapes on the float path (runtime.ops's norms, RoPE and
+attention; F16/BF16 matrices; the checkpoint's SiLU or erf GELU). ``step`` / ``parallel_step``
+run every layer's ``block`` / ``parallel_block`` and then the output norm and matmul, when the
+model's every layer and its output matrix allow it (``Model._compiled_step``). Decode only (one
+token): a prompt's chunk spends its time in the kernels already.
 
 numba caches this module's functions by this file only: after changing a kernel in
 runtime/kernels.py or runtime/ggml_ops.py during development, clear ``__pycache__`` here too.
