@@ -396,8 +396,8 @@ class Model:
         return self._plans
 
     def _compiled_step(self, plans: list) -> tuple | None:
-        """(``decode_block.step`` or ``parallel_step``, its arguments after x, positions and p0)
-        when a whole decode step runs as one call: every layer has an int8 block plan of one
+        """(``decode_block.step`` or ``parallel_step``, its arguments after x, positions and p0,
+        the bytes of the largest matrix) when a whole decode step runs as one call: every layer has an int8 block plan of one
         kind, the output matrix has an int8 kernel, nothing comes after the head (no final soft
         cap), and the layers' arguments are of one numba type. Gathered once per plan list."""
         if self._step is not None and self._step[0] is plans:
