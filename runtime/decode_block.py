@@ -187,7 +187,9 @@ def step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_norm_out, W,
 
 @njit(cache=True)
 def parallel_step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_norm_out, W, code):
-    """``step`` for ``parallel_block`` layers."""
+    """``step`` for ``parallel_block`` layers. A copy rather than the block function passed in:
+    a compiled function as an argument types per process, so numba's cache missed in every new
+    process (NUMBA_DEBUG_CACHE: the index loaded, a new entry saved) and each run compiled again."""
     rest = x[:0]
     nnz = 0
     for i in range(len(layers)):

@@ -73,6 +73,15 @@ def _export(tmp_path, kind, outtype="f32", **overrides):
     return path
 
 
+def _dims(kind: str) -> dict:
+    """The six shapes' tiny dimensions (Falcon-40B's grouped KV heads as "falcon-new-decoder")."""
+    if kind.startswith("falcon"):
+        return dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4,
+                    **({"num_kv_heads": 2} if kind == "falcon-new-decoder" else {}))
+    return dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                **({"head_dim": 64} if kind == "qwen3" else {}))
+
+
 def _decode_both(m: Model, ids: list[int]) -> dict:
     out = {}
     for fused in (True, False):
@@ -95,13 +104,7 @@ def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, 
     decode logits, the byte counter and the FFN nonzero count equal the step by step path's.
     With an int8 output matrix the whole step is one call (``decode_block.step``), with an F32
     one the blocks are one call each."""
-    if kind.startswith("falcon"):
-        dims = dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4)
-        if kind == "falcon-new-decoder":
-            dims["num_kv_heads"] = 2
-    else:
-        dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                    **({"head_dim": 64} if kind == "qwen3" else {}))
+    dims = _dims(kind)
     f32 = _export(tmp_path, kind, **dims)
     arithmetic("int8")
     m = Model(_retyped(f32, tmp_path / f"{kind}.mixed.gguf", FALCON_MIXES if kind.startswith("falcon") else MIXES,
@@ -145,13 +148,7 @@ def test_compiled_float_blocks_decode_to_the_bit(tmp_path, kind, outtype, arith,
     """The float path's blocks (F16 with x in fp16 under the default arithmetic, F16 and BF16
     with float32 x under "float"): decode logits, the byte counter and the FFN nonzero count
     equal the step by step path's, on the same six shapes as the int8 blocks."""
-    if kind.startswith("falcon"):
-        dims = dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4)
-        if kind == "falcon-new-decoder":
-            dims["num_kv_heads"] = 2
-    else:
-        dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                    **({"head_dim": 64} if kind == "qwen3" else {}))
+    dims = _dims(kind)
     arithmetic(arith)
     m = Model(_export(tmp_path, kind, outtype, **dims))
     runs = _decode_both(m, list(range(3, 60, 5)))
