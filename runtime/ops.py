@@ -186,7 +186,7 @@ def gelu_lookup(x, table):
 # after each weight matrix streams through the caches), and callable from decode_block's blocks,
 # which must compute them to the bit as the step by step path does
 @njit(cache=True)
-def silu(x):  # x (n,) float32: x / (1 + exp(-x)) in float32, as the numpy expression computed it
+def silu(x):  # x (n,) float32: x / (1 + exp(-x)), in float32
     out = np.empty_like(x)
     one = np.float32(1.0)
     for i in range(x.shape[0]):
