@@ -20,7 +20,7 @@ per group and as many memory streams are in flight; the rows may be any subset, 
 sparse paths need, or None for all of them) and prefetch ahead: the float kernels eight rows
 taken G apart (each position one unbroken stream of consecutive rows), each its own lines
 ROW_AHEAD bytes on (except on AMD Zen: ``float_row_prefetch``); the block kernels four rows
-side by side and the next group's lines, into L2. F16 under llama.cpp's arithmetic
+side by side and the lines of the group AHEAD on, into L2. F16 under llama.cpp's arithmetic
 (``mm_f16_arith``: x rounded to fp16, as ggml) reads short rows one at a time instead. Which pattern reads memory fastest was measured per
 kernel against a plain read of the same file pages, on a Xeon and on an AMD EPYC (the
 comments at each say by how much; docs/benchmarks.md, "Two CPUs"). LLVM lowers the generic vector
@@ -1009,7 +1009,8 @@ def _dot4_b32_int_codegen(fmt):
 
             def masked(v):
                 return v if keep is None else builder.select(keep, v, _c(V16F, [0.0] * 16))
-            # the next group's rows at this chunk's offset, into L2 (prefetcht1). Llama-3.1-8B-
+            # the rows passed as p (the group AHEAD on) at this chunk's offset, into L2 (prefetcht1;
+            # measured with the next group, AHEAD = 1). Llama-3.1-8B-
             # dims Q8_0 matrices, 2 threads, ÷ an integer read of the same pages, 8 alternated
             # rounds, two runs each: into L1 0.883/0.877, into L2 0.908/0.912; each row's own
             # lines 544 or 1088 bytes on (the float kernels' pattern) 0.80
@@ -1714,7 +1715,8 @@ def _dot4_kq_int_codegen(fmt):
             bs = _vload(builder, xb, builder.mul(sb, _c(ity, QK_K // 16)), V16I16, 2)
             dx = builder.load(builder.gep(xd, [sb]))
             for r in range(ROWS):
-                # the next group's super-block at this offset, into L2 (prefetcht1), as the Q8_0
+                # the super-block at this offset of p's rows (the group AHEAD on), into L2
+                # (prefetcht1; measured with AHEAD = 1), as the Q8_0
                 # kernel does. Into L1 it evicted what the group still reads: Llama-3.1-8B-dims
                 # files on a 2-core AMD EPYC (znver4), ÷ the same pages' fastest plain read, 12
                 # alternated rounds: Q6_K 0.78/0.76 into L1, 1.08/1.05 into L2 (0.72/0.74 with no
@@ -1784,6 +1786,16 @@ def _count_impl(rows, W):
     return lambda rows, W: rows.shape[0]
 
 
+# The int8 kernels' rows to prefetch: those of the group AHEAD on (AHEAD = 1, the next group,
+# was the first choice). Over the matrices of the Llama-3.1-8B- and Falcon-7B-dims preset files,
+# 2 threads on a 2-core AMD EPYC (znver4), each kernel against a plain read of the same pages
+# (benchmarks' read_rows), the two distances alternated 20 rounds in one process, two runs: 19 of
+# 22 (type, run) pairs faster two groups on, by 3 % on average (Q8_0 0.913 -> 0.953 and 0.859 ->
+# 0.888, Q4_K 1.053 -> 1.095, Q5_K 1.004 -> 1.057, IQ4_XS 0.826 -> 0.867; Q5_0 0.840 -> 0.819 the
+# largest loss); three groups on was no better than two
+AHEAD = 2
+
+
 @njit(fastmath=True, cache=True, inline="always")
 def _group(rows, n, g):
     """The 4 rows of group g, side by side: 4g .. 4g + 3 of the n (the last row past the end)."""
@@ -1798,7 +1810,7 @@ def _group(rows, n, g):
 # eight streams afresh every eight rows. Llama-3.1-8B-dims F16, AMD EPYC (no software prefetch
 # there): the k = 4096 matrices read at 0.83-0.89 of a plain read of the same pages side by
 # side, 0.95-1.07 strided; one thread 19.6 -> 23.4 GB/s (k = 14336 unchanged, 24 GB/s). The
-# block kernels' groups of four stay side by side: they prefetch the next group into L2
+# block kernels' groups of four stay side by side: they prefetch a later group into L2
 # themselves, and strided groups measured 3-6 % slower there on Q4_0 and Q4_K on one thread
 # (Q8_0: +3 % on one thread, -6 to +2 % on two).
 @njit(fastmath=True, cache=True, inline="always")
@@ -2090,7 +2102,7 @@ def _mm_b32_int(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uin
     n = _count(rows, W)
     for g in prange((n + 3) // 4):
         i0, i1, i2, i3 = _group(rows, n, g)
-        n0, n1, n2, n3 = _group(rows, n, g + 1)
+        n0, n1, n2, n3 = _group(rows, n, g + AHEAD)
         for t in range(T):
             if kind == 0:
                 y = dot4i_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
@@ -2166,7 +2178,7 @@ def _mm_kq_int(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) ui
     n = _count(rows, W)
     for g in prange((n + 3) // 4):
         i0, i1, i2, i3 = _group(rows, n, g)
-        n0, n1, n2, n3 = _group(rows, n, g + 1)
+        n0, n1, n2, n3 = _group(rows, n, g + AHEAD)
         for t in range(T):
             if kind == 0:
                 y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
