@@ -21,7 +21,8 @@ the same input (with the MLP's own norm, Falcon-40B). ``float_block`` and
 ``float_parallel_block`` are the same shapes on the float path (runtime.ops's norms, RoPE and
 attention; F16/BF16 matrices; the checkpoint's SiLU or erf GELU). ``step`` / ``parallel_step``
 run every layer's ``block`` / ``parallel_block`` and then the output norm and matmul, when the
-model's every layer and its output matrix allow it (``Model._compiled_step``). Decode only (one
+model's every layer and its output matrix allow it (``Model._compiled_step``); ``float_step`` /
+``float_parallel_step`` do the same with the float blocks and an F16/BF16 output matrix. Decode only (one
 token): a prompt's chunk spends its time in the kernels already.
 
 numba caches this module's functions by this file only: after changing a kernel in
@@ -303,6 +304,42 @@ def float_parallel_block(x, rest, positions, p0, W, codes, B, norm_w, norm_b, ff
     u = _activation(_float_matmul(W[2], h, _half(h, codes, 2, 3), codes[2], B[2]), act)
     nnz = np.count_nonzero(u)
     return x + attn, _float_matmul(W[3], u, _half(u, codes, 3, 4), codes[3], B[3]), nnz
+
+
+@njit(cache=True)
+def _float_head(x, rest, out_norm, out_norm_b, eps, layer_norm_out, W, code):
+    """The float path's output norm of x + rest (runtime.ops's LayerNorm with ``out_norm_b``
+    when ``layer_norm_out``, else its RMS norm) and the output matmul, as ``Model.forward``."""
+    x = x + rest
+    if layer_norm_out:
+        h = layer_norm_f(x, out_norm, out_norm_b, eps)
+    else:
+        h = rms_norm_f(x, out_norm, eps)
+    codes = np.full(1, code, np.int64)
+    return _float_matmul(W, h, _half(h, codes, 0, 1), code, out_norm[:0])
+
+
+@njit(cache=True)
+def float_step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_norm_out, W, code):
+    """``step`` on the float path: ``float_block`` for every layer (``positions`` float64), then
+    ``_float_head``. A copy for the reason ``parallel_step`` gives."""
+    rest = x[:0]
+    nnz = 0
+    for i in range(len(layers)):
+        x, rest, n = float_block(x, rest, positions, p0, *layers[i])
+        nnz += n
+    return _float_head(x, rest, out_norm, out_norm_b, eps, layer_norm_out, W, code), nnz
+
+
+@njit(cache=True)
+def float_parallel_step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_norm_out, W, code):
+    """``float_step`` for ``float_parallel_block`` layers."""
+    rest = x[:0]
+    nnz = 0
+    for i in range(len(layers)):
+        x, rest, n = float_parallel_block(x, rest, positions, p0, *layers[i])
+        nnz += n
+    return _float_head(x, rest, out_norm, out_norm_b, eps, layer_norm_out, W, code), nnz
 
 
 @dataclass

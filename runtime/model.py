@@ -396,26 +396,37 @@ class Model:
         return self._plans
 
     def _compiled_step(self, plans: list) -> tuple | None:
-        """(``decode_block.step`` or ``parallel_step``, its arguments after x, positions and p0,
-        the bytes of the largest matrix) when a whole decode step runs as one call: every layer has an int8 block plan of one
-        kind, the output matrix has an int8 kernel, nothing comes after the head (no final soft
+        """(the step function, its arguments after x, positions and p0, the bytes of the largest
+        matrix, whether positions go in as float64) when a whole decode step runs as one call:
+        every layer has a block plan of one kind, the output matrix has a kernel of that path
+        (an int8 kernel after ``decode_block.step`` / ``parallel_step``, an F16/BF16 one after
+        ``float_step`` / ``float_parallel_step``), nothing comes after the head (no final soft
         cap), and the layers' arguments are of one numba type. Gathered once per plan list."""
         if self._step is not None and self._step[0] is plans:
             return self._step[1]
         self._step, step = (plans, None), None
-        head = decode_block.kernel_code(self.output.kind) if type(self.output) is Matrix else None
         kinds = {(p.parallel, p.act) for p in plans if p is not None}
-        if (head is not None and all(p is not None for p in plans) and len(kinds) == 1 and next(iter(kinds))[1] is None
+        if (type(self.output) is Matrix and all(p is not None for p in plans) and len(kinds) == 1
                 and not self.hp.final_softcap and self.pos_embd is None):
-            for i, p in enumerate(plans):
-                self._block_args(i, p)
-            layers = tuple(p.args for p in plans)
-            if len({numba.typeof(a) for a in layers}) == 1:
-                layer_norms = self.hp.graph.norm == "layer"
-                step = (decode_block.parallel_step if plans[0].parallel else decode_block.step, (
-                    layers, self.output_norm, _NO_BIAS if self.output_norm_b is None else self.output_norm_b,
-                    np.float32(self.hp.norm_eps), layer_norms, self.output.data, head),
-                    max([p.largest for p in plans] + [self.output.nbytes]))
+            parallel, act = next(iter(kinds))
+            if act is None:  # the int8 blocks
+                head = decode_block.kernel_code(self.output.kind)
+                run = decode_block.parallel_step if parallel else decode_block.step
+                eps, gather = np.float32(self.hp.norm_eps), self._block_args
+            else:  # the float blocks (rows of a multiple of 32 values, as float_plan asks)
+                head = decode_block.float_code(self.output.kind, kernels.arithmetic() == "int8")
+                head = None if self.output.data.shape[1] % 32 else head
+                run = decode_block.float_parallel_step if parallel else decode_block.float_step
+                eps, gather = float(self.hp.norm_eps), self._float_block_args
+            if head is not None:
+                for i, p in enumerate(plans):
+                    gather(i, p)
+                layers = tuple(p.args for p in plans)
+                if len({numba.typeof(a) for a in layers}) == 1:
+                    step = (run, (layers, self.output_norm,
+                                  _NO_BIAS if self.output_norm_b is None else self.output_norm_b, eps,
+                                  self.hp.graph.norm == "layer", self.output.data, head),
+                            max([p.largest for p in plans] + [self.output.nbytes]), act is not None)
         self._step = (plans, step)
         return step
 
@@ -452,6 +463,17 @@ class Model:
     def _compiled_float_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
                               positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """``decode_block.float_block`` (or its parallel form) for one token, as ``_compiled_block``."""
+        self._float_block_args(layer, p)
+        p0 = int(positions[0])
+        kernels.threads_for(p.largest)
+        run = decode_block.float_parallel_block if p.parallel else decode_block.float_block
+        x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions.astype(np.float64), p0, *p.args)
+        self._count_block(layer, p, p0)
+        return x, ffn, int(nnz)
+
+    def _float_block_args(self, layer: int, p) -> None:
+        """Gather ``decode_block.float_block``'s (or ``float_parallel_block``'s) arguments after
+        p0 into ``p.args``, once."""
         hp, g = self.hp, self.hp.graph
         if p.args is None:
             local = hp.swa_layers[layer]
@@ -461,12 +483,6 @@ class Model:
                       g.rope == "neox", g.rope is not None, float(hp.attn_scale), hp.window if local else 0,
                       float(hp.attn_softcap or 0.0), self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv,
                       hp.head_dim, p.act)
-        p0 = int(positions[0])
-        kernels.threads_for(p.largest)
-        run = decode_block.float_parallel_block if p.parallel else decode_block.float_block
-        x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions.astype(np.float64), p0, *p.args)
-        self._count_block(layer, p, p0)
-        return x, ffn, int(nnz)
 
     def _count_block(self, layer: int, p, p0: int) -> None:
         """A compiled block's weight and K/V bytes, as the step by step path counts them."""
@@ -612,10 +628,10 @@ class Model:
         plans = self._block_plans() if T == 1 else None
         step = self._compiled_step(plans) if plans is not None else None
         if step is not None:  # the blocks and the head as one compiled call
-            run, args, largest = step
+            run, args, largest, float_positions = step
             p0 = int(positions[0])
             kernels.threads_for(largest)
-            logits, nnz = run(x, positions, p0, *args)
+            logits, nnz = run(x, positions.astype(np.float64) if float_positions else positions, p0, *args)
             for i, p in enumerate(plans):
                 self._count_block(i, p, p0)
                 self._count_activations(i, T)

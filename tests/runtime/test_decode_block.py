@@ -145,8 +145,8 @@ def test_blocks_outside_the_compiled_shape_run_step_by_step(tmp_path, arithmetic
 @pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral", "falcon", "falcon-new-decoder"])
 @pytest.mark.parametrize("outtype,arith", [("f16", "int8"), ("f16", "float"), ("bf16", "float")])
 def test_compiled_float_blocks_decode_to_the_bit(tmp_path, kind, outtype, arith, arithmetic):
-    """The float path's blocks (F16 with x in fp16 under the default arithmetic, F16 and BF16
-    with float32 x under "float"): decode logits, the byte counter and the FFN nonzero count
+    """The float path's blocks and head as one call (F16 with x in fp16 under the default
+    arithmetic, F16 and BF16 with float32 x under "float"): decode logits, the byte counter and the FFN nonzero count
     equal the step by step path's, on the same six shapes as the int8 blocks."""
     dims = _dims(kind)
     arithmetic(arith)
@@ -156,6 +156,7 @@ def test_compiled_float_blocks_decode_to_the_bit(tmp_path, kind, outtype, arith,
     half = {decode_block.F16_HALF_X} if (outtype, arith) == ("f16", "int8") else (
         {decode_block.F16_FLOAT_X} if outtype == "f16" else {decode_block.BF16_FLOAT_X})
     assert {int(c) for p in m._plans for c in p.codes} == half
+    assert m._step[1] is not None  # the blocks and the F16/BF16 head ran as one call
     new, old = runs[True], runs[False]
     assert np.array_equal(new[0].view(np.uint32), old[0].view(np.uint32))
     assert new[1:] == old[1:]
