@@ -549,24 +549,10 @@ _PACK = {"q2_k": _pack_q2_k, "q3_k": _pack_q3_k, "q4_k": _pack_q4_k, "q5_k": _pa
 
 def llama_cpp_quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None = None) -> np.ndarray:
     """The same rows encoded by llama.cpp's ``ggml_quantize_chunk`` (the library bundled
-    with llama-cpp-python), in the same (n_rows, row_bytes) layout as :func:`quantize`."""
-    import ctypes
-    from pathlib import Path
+    with llama-cpp-python), in the same (n_rows, row_bytes) layout as :func:`quantize`. Runs in
+    a child process (``aios.reference.llamacpp``), like every use of llama.cpp as a reference."""
+    from aios.reference import llamacpp
 
-    import llama_cpp
-
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-    qt = int(quant.qtype(type_name))
     x = np.ascontiguousarray(x, dtype=np.float32)
-    n_rows, n_cols = x.shape
-    out = np.zeros((n_rows, row_bytes(n_cols, quant.outtype_name(type_name))), np.uint8)
-    im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-    lib.ggml_quantize_init(qt)
-    n = lib.ggml_quantize_chunk(qt, x.ctypes.data, out.ctypes.data, 0, n_rows, n_cols,
-                                None if im is None else im.ctypes.data)
-    assert n == out.nbytes, (n, out.nbytes)
-    return out
+    return llamacpp.quantize_rows(x, type_name, int(quant.qtype(type_name)),
+                                  row_bytes(x.shape[1], quant.outtype_name(type_name)), imatrix).value

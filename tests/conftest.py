@@ -226,3 +226,19 @@ def float_arithmetic():
     kernels.set_arithmetic("float")
     yield
     kernels.set_arithmetic(before)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name every test whose llama.cpp reference ran on plain CPU buffers because llama.cpp's
+    default buffers crashed (aios.reference.llamacpp), so a run on an AMX Xeon says so."""
+    from aios.reference import llamacpp
+
+    if not llamacpp.FALLBACKS:
+        return
+    tests = sorted({f["test"] or "(collection)" for f in llamacpp.FALLBACKS})
+    configs = ", ".join(sorted({f["config"] for f in llamacpp.FALLBACKS}))
+    terminalreporter.section("llama.cpp references on plain CPU buffers")
+    terminalreporter.write_line(f"{len(llamacpp.FALLBACKS)} llama.cpp call(s) in {len(tests)} test(s) ran on "
+                                f"{configs}:")
+    for t in tests:
+        terminalreporter.write_line(f"  {t}")

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from aios.data import load_heldout
 from aios.models import resolve_model
 from aios.models.aliases import find_alias
+from aios.reference import llamacpp
 from convert.gguf import tensors as gt
 from convert.cli import main
 from convert.gguf import GGUFExportConfig, export_gguf
@@ -52,16 +53,9 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
-    """Logits of every position from llama.cpp, F32 KV cache, 2 threads."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, type_k=0, type_v=0,
-                n_threads=2, verbose=False, seed=0)
-    try:
-        llm.eval(ids)
-        return np.array(llm.scores[: len(ids)], dtype=np.float32)
-    finally:
-        llm.close()
+    """Logits of every position from llama.cpp, F32 KV cache, 2 threads (in a child process:
+    see aios.reference.llamacpp)."""
+    return llamacpp.logits(path, ids, n_ctx=256, n_batch=256, type_k=0, type_v=0, n_threads=2, seed=0).value
 
 
 def with_tokenizer_of(folder: Path, fixture: str = "tiny-falcon") -> Path:
@@ -170,8 +164,6 @@ def test_llama_cpp_parity_falcon(f32_exports):
 
 def test_pre_tokenizer_names_are_known_to_llama_cpp(tmp_path):
     """Every pre-tokenizer name the exporter can write is one llama.cpp accepts."""
-    from llama_cpp import Llama
-
     from convert.gguf.tokenizer import KNOWN_SPLIT_REGEXES
 
     src = gguf.GGUFReader(str(export("tiny-llama", tmp_path / "v.gguf")))
@@ -184,35 +176,28 @@ def test_pre_tokenizer_names_are_known_to_llama_cpp(tmp_path):
         w.add_tokenizer_pre(pre)
         for fn in (w.write_header_to_file, w.write_kv_data_to_file, w.write_ti_data_to_file, w.close):
             fn()
-        Llama(model_path=str(tmp_path / f"{pre}.gguf"), vocab_only=True, verbose=False).close()
+        llamacpp.tokenize(tmp_path / f"{pre}.gguf", ["x"], add_bos=False, special=False)  # raises if refused
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_llama_cpp_tokenizes_like_transformers(f32_exports, name):
-    from llama_cpp import Llama
-
     tok = resolve_model(name).load_tokenizer()
-    llm = Llama(model_path=str(f32_exports[name]), vocab_only=True, verbose=False)
-    try:
-        for text in load_heldout(limit=8):
-            assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok(text)["input_ids"]
-    finally:
-        llm.close()
+    texts = load_heldout(limit=8)
+    theirs = llamacpp.tokenize(f32_exports[name], texts, add_bos=False, special=False).value
+    for text, ids in zip(texts, theirs, strict=True):
+        assert ids == tok(text)["input_ids"]
 
 
 def assert_llama_cpp_tokenizes_like_hf(gguf_path: Path, folder: Path, *, add_bos: bool, extra: str = "") -> None:
     """llama.cpp, reading the vocabulary stored in ``gguf_path``, tokenizes held-out and
     multilingual text exactly as the HF ``tokenizer.json`` in ``folder`` does."""
-    from llama_cpp import Llama
     from tokenizers import Tokenizer
 
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    llm = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
-    try:
-        for text in load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line" + extra]:
-            assert llm.tokenize(text.encode(), add_bos=add_bos, special=False) == hf.encode(text).ids, text
-    finally:
-        llm.close()
+    texts = load_heldout(limit=12) + ["Größe 日本語 naïve  two  spaces\nnew line" + extra]
+    theirs = llamacpp.tokenize(gguf_path, texts, add_bos=add_bos, special=False).value
+    for text, ids in zip(texts, theirs, strict=True):
+        assert ids == hf.encode(text).ids, text
 
 
 def spm_style_tokenizer(folder: Path, prefix_space: bool = True) -> int:
@@ -439,10 +424,7 @@ def test_sparsity_map_embedded_and_llama_cpp_refuses(tmp_path):
         assert np.array_equal(np.asarray(t.data), m.astype(np.float32))
     assert r.get_field("aios.sparsity.mode").contents() == "balanced"
     assert "aios-run" in r.get_field("aios.sparsity.runtime").contents()
-    from llama_cpp import Llama
-
-    with pytest.raises(ValueError):  # "wrong number of tensors": llama.cpp refuses the file
-        Llama(model_path=str(out), verbose=False)
+    assert llamacpp.load_error(out) is not None  # "wrong number of tensors": llama.cpp refuses the file
 
 
 def test_sparsity_map_shape_mismatch(tmp_path):

@@ -126,16 +126,12 @@ def test_checker_r5_passes_and_names_a_changed_offset(ordered, tmp_path):
 def test_layout_output_runs_in_llama_cpp_like_its_input(ordered, relu_llama_gguf):
     """The reordered file computes exactly what the input does (here ReLU declared, so
     llama.cpp runs SiLU on both: the point is identical bytes in, identical logits out)."""
-    from llama_cpp import Llama
+    from aios.reference import llamacpp
 
     ids = list(range(5, 45))
-    scores = []
-    for path in (relu_llama_gguf, ordered.output):
-        llm = Llama(model_path=str(path), n_ctx=64, logits_all=True, n_threads=2, verbose=False)
-        llm.eval(ids)
-        scores.append(np.array(llm.scores[: len(ids)]))
-        llm.close()
-    assert np.array_equal(scores[0], scores[1])
+    a, b = (llamacpp.logits(path, ids, n_ctx=64, n_threads=2) for path in (relu_llama_gguf, ordered.output))
+    assert a.config == b.config  # the same llama.cpp configuration computed both
+    assert np.array_equal(a.value, b.value)
 
 
 def test_layout_is_deterministic_and_cli(relu_llama_gguf, ordered, tmp_path):

@@ -80,17 +80,15 @@ def test_distinct_core_bytes_drop_by_the_reported_ratio(pair, fixture):
 
 
 def test_dealiased_gguf_is_a_standard_file_llama_cpp_loads(pair):
-    from llama_cpp import Llama
+    from aios.reference import llamacpp
 
     a, d, folder = pair("tiny-llama", "lowrank:8")
     hd = resolve_model(str(d))
     names = {t.name for t in hd.tensor_inventory()}
     assert not any(".delta" in n or n.endswith(".canonical") for n in names)
     assert hd.store.field("aios.alias.groups") is None
-    llm = Llama(model_path=str(d), n_ctx=64, logits_all=True, verbose=False)
-    llm.eval(TOKENS)
+    theirs = llamacpp.logits(d, TOKENS, n_ctx=64).value
     ours = Model(d).forward(TOKENS, all_logits=True)
-    theirs = np.array(llm.scores[: len(TOKENS)], dtype=np.float32)
     # a load-and-agree check (exporter parity itself is tested in tests/convert): same top-1, close logits
     assert (ours.argmax(1) == theirs.argmax(1)).all() and np.abs(ours - theirs).max() < 1e-2
 

@@ -7,12 +7,12 @@ llama.cpp computes (read through its eval callback) equal ours bit for bit.
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
 import pytest
 
+from aios.reference import llamacpp
 from runtime import ggml_ops, ops
 from tests.runtime.test_ops import head_major
 
@@ -89,44 +89,6 @@ def test_silu_mul_vector_lanes_equal_the_scalar_lane(scale):
 
 
 # --- against llama.cpp's own intermediate tensors ------------------------------------------
-class _GGMLTensor(ctypes.Structure):  # the head of ggml.h's struct ggml_tensor, up to its name
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
-                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
-                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
-                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
-
-
-def _llama_cpp_tensors(llama_cpp, path, ids, names) -> dict:
-    """The float32 tensors ``names`` (last write of each) as llama.cpp evaluates ``ids`` in one batch."""
-    from llama_cpp._internals import LlamaContext
-
-    got = {}
-
-    @llama_cpp.ggml_backend_sched_eval_callback
-    def cb(t, ask, _):
-        tt = _GGMLTensor.from_address(t)
-        name = tt.name.decode()
-        if ask:
-            return name in names
-        if tt.type == 0:  # GGML_TYPE_F32
-            base = np.ctypeslib.as_array((ctypes.c_float * 1).from_address(tt.data))
-            got[name] = np.array(np.lib.stride_tricks.as_strided(base, shape=list(tt.ne)[::-1],
-                                                                  strides=list(tt.nb)[::-1]))
-        return True
-
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(ids), n_batch=len(ids), verbose=False,
-                          n_threads=2, type_k=0, type_v=0)
-    try:
-        llm.context_params.cb_eval = cb
-        llm._ctx.close()
-        llm._ctx = LlamaContext(model=llm._model, params=llm.context_params, verbose=False)
-        llm.reset()
-        llm.eval(list(ids))
-    finally:
-        llm.close()
-    return got
-
-
 def _layer0(path, ids) -> dict:
     """Our int8 path's layer-0 tensors, named as llama.cpp's graph names them."""
     from runtime.model import Model
@@ -167,10 +129,12 @@ def _layer0(path, ids) -> dict:
 
 
 def _assert_layer0_equal(path, ids, names=("attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0")):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp")
     if not ggml_ops.avx512_order():
         pytest.skip("llama.cpp on this CPU sums in AVX2's 8-lane order, not the AVX-512 one mirrored")
-    theirs = _llama_cpp_tensors(llama_cpp, path, ids, set(names))
+    # in a child process (aios.reference.llamacpp): on an AMX Xeon its default buffers crash, and
+    # its plain CPU buffers run the AVX-512 kernels this path mirrors
+    theirs = llamacpp.graph_tensors(path, ids, set(names), n_threads=2, type_k=0, type_v=0).value
     assert set(theirs) == set(names)
     mine = _layer0(path, ids)
     for name in names:

@@ -10,13 +10,13 @@ the f16 file, where both compute in floats, must match exactly."""
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 
 import numpy as np
 import pytest
 
 from aios.models.aliases import FIXTURES_DIR
+from aios.reference import llamacpp
 from convert.gguf import GGUFExportConfig, export_gguf
 from runtime.generate import generate
 from runtime.model import Model
@@ -27,28 +27,12 @@ N_NEW = 16
 
 
 def quantize(src, dst, ftype: int) -> None:
-    import llama_cpp
-
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = ftype
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    llamacpp.quantize(src, dst, ftype)
 
 
 def llama_cpp_greedy(path, ids: list[int], n: int) -> list[int]:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, verbose=False,
-                n_threads=2, type_k=0, type_v=0)
-    try:
-        out = []
-        llm.eval(ids)
-        for _ in range(n):
-            t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            out.append(t)
-            llm.eval([t])
-        return out
-    finally:
-        llm.close()
+    """llama.cpp's greedy tokens (in a child process: see aios.reference.llamacpp)."""
+    return llamacpp.greedy(path, ids, n, n_ctx=256, n_batch=256, n_threads=2, type_k=0, type_v=0).value
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "gemma2", "gemma3", "llama3", "phi3"])

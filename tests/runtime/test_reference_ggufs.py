@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aios.reference import llamacpp
 from contract.check import check_model
 from convert.gguf import GGUFExportConfig, export_gguf
 from runtime.model import Model
@@ -80,8 +81,6 @@ CHATS = {"gemma2": ["<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>
 
 @pytest.mark.parametrize("name", list(SPM_FAMILIES))
 def test_sentencepiece_vocabulary_of_the_file_tokenizes_as_the_models_tokenizer(tmp_path, name):
-    import importlib.util
-
     from transformers import AutoTokenizer
 
     from runtime.generate import load_tokenizer
@@ -89,17 +88,14 @@ def test_sentencepiece_vocabulary_of_the_file_tokenizes_as_the_models_tokenizer(
     ref = REFERENCE / f"{name}.llamacpp.f16.gguf"
     hf = AutoTokenizer.from_pretrained(str(build_source(name, tmp_path / name)))
     tok = load_tokenizer(ref)
-    llama = None
-    if importlib.util.find_spec("llama_cpp") is not None:
-        from llama_cpp import Llama
-
-        llama = Llama(str(ref), vocab_only=True, verbose=False)
-    for text in TEXTS + CHATS[name]:
+    texts = TEXTS + CHATS[name]
+    theirs = llamacpp.tokenize(ref, texts, add_bos=True, special=True).value if llamacpp.available() else None
+    for i, text in enumerate(texts):
         ids = tok(text)["input_ids"]
         assert ids == hf(text)["input_ids"], text
         assert ids[0] == hf.bos_token_id and len(ids) > 1
-        if llama is not None:
-            assert ids == llama.tokenize(text.encode(), add_bos=True, special=True), text
+        if theirs is not None:
+            assert ids == theirs[i], text
         assert tok.decode(ids) == hf.decode(ids)
         plain = tok(text, add_special_tokens=False)["input_ids"]
         if name == "gemma2" or text in TEXTS:  # Phi-3 writes a space after each chat token

@@ -20,13 +20,13 @@ file (when llama-cpp-python is installed), and decode them back to the text.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from aios.models.gguf_tokenizer import load_gguf_tokenizer
+from aios.reference import llamacpp
 from convert.gguf import GGUFExportConfig, export_gguf
 from tests.conftest import build_hf_model
 
@@ -176,17 +176,16 @@ def test_byte_level_vocabulary_of_the_file_tokenizes_as_the_models_tokenizer_and
     family, folder, path = family_gguf
     hf = AutoTokenizer.from_pretrained(str(folder))
     tok = load_gguf_tokenizer(path)
-    llama = None
-    if importlib.util.find_spec("llama_cpp") is not None:
-        from llama_cpp import Llama
-
-        llama = Llama(str(path), vocab_only=True, verbose=False)
-    for text in TEXTS + CHATS[family]:
-        ids = tok(text, add_special_tokens=False)["input_ids"]
+    texts = TEXTS + CHATS[family]
+    ours = [tok(text, add_special_tokens=False)["input_ids"] for text in texts]
+    if llamacpp.available():  # llama.cpp reads the same vocabulary from the file
+        theirs = llamacpp.tokenize(path, texts, add_bos=False, special=True).value
+        back = llamacpp.detokenize(path, ours, special=True).value
+    for i, (text, ids) in enumerate(zip(texts, ours, strict=True)):
         assert ids == hf(text, add_special_tokens=False)["input_ids"], text
-        if llama is not None:
-            assert ids == llama.tokenize(text.encode(), add_bos=False, special=True), text
-            assert llama.detokenize(ids, special=True) == text.encode()
+        if llamacpp.available():
+            assert ids == theirs[i], text
+            assert back[i] == text.encode()
         assert tok.decode(ids) == text
         # with the special tokens the model adds: BOS for Llama 3, nothing for Qwen2
         full = tok(text)["input_ids"]
