@@ -62,3 +62,47 @@ def test_documented_command_parses(doc, tool, args):
     cmd = group.get_command(ctx, name)
     assert cmd is not None, f"{doc}: {tool} has no command {name!r}"
     cmd.make_context(name, sub_args, parent=ctx)  # raises on unknown options or bad choices
+
+
+# --- the README's sample scorecard is what its first command prints ---------------------------
+
+README = ROOT / "README.md"
+SCORECARD_WIDTH = 100  # the README shows the scorecard as a 100-column terminal prints it
+
+
+def _readme_scorecard() -> str:
+    """The fenced block that follows "Command 1 prints a scorecard"."""
+    text = README.read_text()
+    m = re.search(r"Command 1 prints a scorecard.*?\n```\n(.*?)\n```", text, re.S)
+    assert m, "README: no scorecard block after 'Command 1 prints a scorecard'"
+    return m.group(1)
+
+
+def _mask(text: str) -> list[str]:
+    """Lines with what legitimately varies masked. Only the wall time varies between runs and
+    machines ("exit 0 · 41.0 s"): every other figure is a measurement of the bundled weights on
+    the bundled calibration text, or arithmetic on their config, the same on every run; a change
+    there is a change the README must show. Trailing spaces (rich pads the centred title) are
+    dropped."""
+    return [re.sub(r"· \d+(\.\d+)? s$", "· <seconds> s", line.rstrip()) for line in text.splitlines()]
+
+
+def test_readme_scorecard_is_what_check_prints(tmp_path, monkeypatch):
+    """The README's first command, `aios-contract check tiny-falcon -o aios-report`, run as
+    written (its `aios-contract check` part, read from the README; default calibration, ~15 s on
+    one core), prints the README's scorecard. Its stdout
+    console is swapped for a 100-column one, as a terminal of that width gets (off a terminal,
+    as here, rich never wraps: aios.cli_common.LOG_WIDTH)."""
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    import contract.cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(contract.cli, "console", Console(width=SCORECARD_WIDTH, highlight=False, no_color=True,
+                                                         color_system=None))
+    first = re.search(r"aios-contract (check [^\n`&|;]*)", README.read_text())  # command 1's check
+    assert first and first.group(1).split()[:2] == ["check", "tiny-falcon"], first
+    res = CliRunner().invoke(contract.cli.main, shlex.split(first.group(1)))
+    assert res.exit_code == 0, res.output
+    assert _mask(res.stdout) == _mask(_readme_scorecard()), res.stdout
