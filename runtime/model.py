@@ -153,7 +153,8 @@ def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
         attn_scale=float(store.field("aios.attention.scale") or 1 / math.sqrt(hd)),
         window=window,
         swa_layers=_swa_layers(f("attention.sliding_window_pattern"), window, n_layers, row),
-        rope_base_swa=float(f("rope.freq_base_swa", rope_base)),
+        # llama.cpp: a missing local base is its hparams default, 10000, not the global base
+        rope_base_swa=float(f("rope.freq_base_swa", 10000.0)),
         attn_softcap=float(f("attn_logit_softcapping", 0.0)),
         final_softcap=float(f("final_logit_softcapping", 0.0)),
     )
