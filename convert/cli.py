@@ -18,16 +18,31 @@ from convert.sparsity_map import MODES as SPARSITY_MODES
 from convert.svd_residual import BASE_TYPES, FACTOR_TYPES, METHODS, RESIDUALS
 
 
-@click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
+def _model_types(export_only: bool = False) -> str:
+    """The HF ``model_type`` values of the architecture table's rows (aios/models/architectures.py),
+    in row order: the help texts name them from the table, so a new row shows up by itself."""
+    from aios.models.architectures import ARCHITECTURES, exportable_model_types
+
+    if export_only:
+        return ", ".join(exportable_model_types())
+    return ", ".join(dict.fromkeys(t for a in ARCHITECTURES for t in a.hf_model_types if t.islower()))
+
+
+@click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP,
+             help="Convert models: relufy, sparsity maps, aliasing, low-rank + residual, GGUF export.\n\n"
+                  f"Architectures (HF model_type): {_model_types()}; which command supports which is the "
+                  "README's support matrix.")
 @version_option()
 def main() -> None:
-    """Convert models: relufy, sparsity maps, aliasing, low-rank + residual, GGUF export."""
+    """(The help above names the architecture table's model types; a docstring cannot.)"""
 
 
 # --- GGUF export and R5 layout ----------------------------------------------------------------
 
 
-@main.command("gguf")
+@main.command("gguf", short_help="Export MODEL to a GGUF file llama.cpp loads.",
+              help=f"Export MODEL (HF model_type {_model_types(export_only=True)}) to a GGUF file llama.cpp "
+                   "loads.")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .gguf file.")
 @click.option("--outtype", type=click.Choice(OUTTYPES, case_sensitive=False),
@@ -42,8 +57,6 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the tensor plan and metadata; write nothing.")
 def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None, sparse_down: bool,
                  dry_run: bool) -> None:
-    """Export MODEL (falcon, llama family, gpt2) to a GGUF file llama.cpp loads."""
-
     from convert.gguf import GGUFExportConfig, export_gguf
 
     console = make_console()
@@ -142,7 +155,7 @@ def _relufy_default(name: str):
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="cuda trains with bf16 autocast.")
 @click.option("--gradient-checkpointing", is_flag=True,
-              help="Recompute activations in the backward pass (less memory, ~30 %% more compute).")
+              help="Recompute activations in the backward pass (less memory, ~30 % more compute).")
 @click.option("--checkpoint-every", type=int, default=50, show_default=True,
               help="Steps between checkpoints in OUT.partial/ (0: none).")
 @click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True,

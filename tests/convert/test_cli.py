@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from click.testing import CliRunner
 
 from convert.cli import ALIAS_TRAIN_DEFAULTS, main
@@ -59,3 +61,39 @@ def test_layout_shows_progress(tmp_path):
     res = CliRunner().invoke(main, ["layout", str(src), "--samples", "20", "--max-tokens", "8", "-q",
                                     "-o", str(tmp_path / "p.gguf")])
     assert res.exit_code == 0 and "layout: measuring" not in res.stderr
+
+
+def _all_help() -> dict[str, str]:
+    """`--help` of every command of the three CLIs, and of each group, as click renders it."""
+    from contract.cli import main as contract_main
+    from runtime.cli import main as run_main
+
+    out = {}
+    for tool, group in (("aios-contract", contract_main), ("aios-convert", main), ("aios-run", run_main)):
+        for args in ([], *([name] for name in group.commands)):
+            res = CliRunner().invoke(group, [*args, "--help"], prog_name=tool)
+            assert res.exit_code == 0, (tool, args, res.output)
+            out[" ".join([tool, *args])] = res.stdout
+    return out
+
+
+def test_no_help_text_shows_a_doubled_percent_sign():
+    """relufy --help said "~30 %% more compute": click does not %-format help, so "%%" is shown as is."""
+    helps = _all_help()
+    assert len(helps) >= 15
+    assert [name for name, text in helps.items() if "%%" in text] == []
+
+
+def test_gguf_help_names_every_family_of_the_architecture_table():
+    """`gguf --help` said "falcon, llama family, gpt2" while the table had nine rows: the help texts
+    are generated from the table (aios/models/architectures.py), so a new row shows up by itself."""
+    from aios.models.architectures import ARCHITECTURES
+
+    helps = _all_help()
+    words = {k: set(re.findall(r"[\w-]+", v)) for k, v in helps.items()}
+    for arch in ARCHITECTURES:
+        types = [t for t in arch.hf_model_types if t.islower()]
+        assert types and set(types) <= words["aios-convert"], (arch.name, helps["aios-convert"])
+        exported = [t for t in arch.export_model_types if t.islower()]
+        assert set(exported) <= words["aios-convert gguf"], (arch.name, helps["aios-convert gguf"])
+
