@@ -53,6 +53,13 @@ def make_console(*, stderr: bool = False, errors: bool = False) -> Console:
 err_console = make_console(stderr=True)
 
 
+def warn(text: str, label: str = "warning") -> None:
+    """One ``label: text`` line on stderr, so that stdout stays the command's result (a table, a
+    JSON document, "wrote ..." lines). Printed under ``--quiet`` too: a warning is neither
+    progress nor information. ``text`` is plain text, not rich markup."""
+    make_console(stderr=True, errors=True).print(f"[yellow]{label}:[/] {escape(text)}", soft_wrap=True)
+
+
 def set_quiet(quiet: bool = True) -> None:
     """``--quiet``: silence progress and informational stderr output from now on."""
     _state["quiet"] = quiet
@@ -203,4 +210,5 @@ __all__ = [
     "quiet_third_party",
     "set_quiet",
     "version_option",
+    "warn",
 ]

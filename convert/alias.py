@@ -263,6 +263,7 @@ class AliasResult:
     gguf: Path | None = None
     dealiased_gguf: Path | None = None
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # plain text; the command prints them on stderr
     gguf_sparse_down: bool = False  # ``gguf`` stores its FFN down projections neuron-major
 
 
@@ -366,7 +367,7 @@ def finish(handle: ModelHandle, out: Path, built: list[BuiltGroup], report: dict
 
 def no_groups_note(out: Path) -> str:
     """What ``--gguf``/``--dealias`` say when aliasing kept every matrix (nothing to export)."""
-    return (f"[yellow]warning:[/] no alias groups formed (every matrix type was kept: see the table), so no "
+    return (f"no alias groups formed (every matrix type was kept: see the table), so no "
             f"GGUF was written from {out}; lower --min-cosine, widen --zones or alias other --types, or export "
             "the source with aios-convert gguf.")
 
@@ -374,7 +375,7 @@ def no_groups_note(out: Path) -> str:
 def finish_exports(out: Path, report: dict[str, Any], config, *, outtype: str, gguf, dealias) -> AliasResult:
     result = AliasResult(out, config, report)
     if (gguf or dealias) and not report.get("groups"):
-        result.notes.append(no_groups_note(out))
+        result.warnings.append(no_groups_note(out))
     elif gguf or dealias:
         from convert.alias_gguf import export_alias_gguf
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from aios.cli_common import make_console
+from aios.cli_common import make_console, warn
 from convert.alias import AliasResult, short_name
 from convert.gguf import ExportResult
 
@@ -56,8 +56,8 @@ def render_alias(result: AliasResult) -> None:
     console.print(f"held-out perplexity (measured): {rep['source_heldout_perplexity']:.3f} → "
                   f"{rep['heldout_perplexity']:.3f} ({rep['perplexity_delta']:+.3f})")
     warning = quality_warning(rep["source_heldout_perplexity"], rep["heldout_perplexity"])
-    if warning:
-        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+    for w in ([warning] if warning else []) + result.warnings:
+        warn(w)  # on stderr: stdout stays the result
     for note in result.notes:
         console.print(note)
     if result.gguf:

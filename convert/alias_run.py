@@ -90,7 +90,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
         if result is not None and not result.report.get("groups"):
             from convert.alias import no_groups_note
 
-            result.notes.append(no_groups_note(result.output))
+            result.warnings.append(no_groups_note(result.output))
         elif result is not None:  # rank 0 (or a single process)
             from convert.alias_gguf import export_alias_gguf
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option
+from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option, warn
 from convert.alias_config import CANONICAL_MODES, DELTA_NORMS, GGUF_OUTTYPES
 from convert.gguf import OUTTYPES
 from convert.relufy_config import DEVICES, RelufyConfig
@@ -69,12 +69,12 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
                           f"{p.nbytes:>12,} B{fb}")
         for k, v in result.metadata.items():
             console.print(f"{k} = {v}")
-    for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+    for w in result.warnings:  # warnings on stderr: stdout is the plan and the "wrote" line
+        warn(w)
     from convert.gguf.plan import fallback_summary
 
     for f in fallback_summary(result.plan):  # one line per repeated fallback; the file lists each tensor
-        console.print(f"[yellow]fallback:[/] {f}")
+        warn(f, "fallback")
     where = "would write" if dry_run else "wrote"
     console.print(f"{where} {output}: {len(result.plan)} tensors, {result.total_bytes / 2**20:,.2f} MiB of "
                   f"tensor data, {outtype}, {len(result.fallbacks)} fallback(s); llama.cpp "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aios.cli_common import make_console
+from aios.cli_common import make_console, warn
 from aios.io import write_atomic
 from convert.svd_residual import SvdResidualResult
 
@@ -57,11 +57,11 @@ def render(result: SvdResidualResult, console=None) -> None:
     console.print("  Energy kept: share of Σσ² of " + ("W·chol(XᵀX+εI) (whitened)" if cfg.method != "plain" else "W")
                   + "; SQNR = 20·log10(‖W‖/‖W−Ŵ‖); output SQNR = 10·log10(tr(WGWᵀ)/tr(ΔGΔᵀ)), G = XᵀX on "
                   "the calibration texts (measured)")
-    for r in result.rows:
+    for r in result.rows:  # fallbacks and warnings on stderr: stdout stays the result
         for note in r.notes:
-            console.print(f"[yellow]fallback:[/] {r.name}: {note}")
+            warn(f"{r.name}: {note}", "fallback")
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        warn(w)
     m = result.measured
     if m:
         console.print(f"measured in aios-run: perplexity {m['heldout_perplexity']:.2f} on the bundled held-out "

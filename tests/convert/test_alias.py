@@ -318,6 +318,21 @@ def test_render_names_a_neuron_major_gguf(tmp_path, capsys):
         assert want in " ".join(out.split()), out
 
 
+def test_render_prints_warnings_on_stderr(tmp_path, capsys):
+    """The quality warning and the no-groups warning were printed on stdout with the result."""
+    from convert.alias_cli import render_alias
+
+    rep = {"mode": "post-hoc", "groups": [], "source_heldout_perplexity": 10.0, "heldout_perplexity": 50.0,
+           "perplexity_delta": 40.0,
+           "aliasing": {"core_aliasing_ratio": 0.0, "core_bytes": 100, "model_aliasing_ratio": 0.0}}
+    res = A.AliasResult(tmp_path, A.AliasConfig(), rep, warnings=[A.no_groups_note(tmp_path)])
+    render_alias(res)
+    out, err = capsys.readouterr()
+    err = " ".join(err.split())
+    assert "warning: held-out perplexity is 5.00×" in err and "warning: no alias groups formed" in err
+    assert "warning:" not in out and f"wrote {tmp_path}" in out
+
+
 @pytest.mark.parametrize("sparse_down", [False, True])
 def test_no_groups_writes_the_folder_and_says_why_no_gguf(tmp_path, sparse_down):
     """Aliasing that keeps every matrix (cosine threshold unreachable) still writes the folder;

@@ -97,3 +97,15 @@ def test_gguf_help_names_every_family_of_the_architecture_table():
         exported = [t for t in arch.export_model_types if t.islower()]
         assert set(exported) <= words["aios-convert gguf"], (arch.name, helps["aios-convert gguf"])
 
+
+def test_gguf_warnings_go_to_stderr(tmp_path):
+    """The "llama.cpp hard-codes 'gelu' for falcon" warning and the fallback lines were printed on
+    stdout; they go to stderr (stdout: the plan and the "would write"/"wrote" line), under -q too."""
+    for extra in ([], ["-q"]):
+        out = tmp_path / f"x{len(extra)}.gguf"
+        res = CliRunner().invoke(main, ["gguf", "tiny-falcon-relu", "-o", str(out), "--outtype", "q4_k", *extra])
+        assert res.exit_code == 0, res.output
+        assert "warning: the model's FFN activation is 'relu' but llama.cpp hard-codes 'gelu'" in res.stderr
+        assert "fallback: token_embd.weight: row length 128" in res.stderr
+        assert res.stdout.splitlines() == [f"wrote {out}: 39 tensors, 0.70 MiB of tensor data, q4_k, 19 fallback(s); "
+                                           "llama.cpp loads it but runs a different FFN activation"]

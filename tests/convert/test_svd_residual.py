@@ -159,6 +159,20 @@ def test_cli_writes_report_and_table(tmp_path):
     assert all(t["residual_type"] == "q2_k" for t in rep["tensors"])
 
 
+def test_render_prints_fallbacks_and_warnings_on_stderr(falcon_lr, capsys):
+    """svd-residual's fallback and warning lines were printed on stdout with the result table."""
+    from dataclasses import replace
+
+    from convert.svd_residual_cli import render
+
+    result, _ = falcon_lr
+    rows = [replace(result.rows[0], notes=["120 values do not tile Q4_K -> F16"]), *result.rows[1:]]
+    render(replace(result, rows=rows, warnings=["a warning"]))
+    out, err = capsys.readouterr()
+    assert f"fallback: {rows[0].name}: 120 values do not tile Q4_K -> F16" in err and "warning: a warning" in err
+    assert "fallback:" not in out and "warning:" not in out and "wrote " in out
+
+
 def test_user_errors_exit_cleanly(tmp_path, falcon_lr):
     out = tmp_path / "x.gguf"
     run = lambda *a: CliRunner().invoke(main, ["svd-residual", *a, "-o", str(out)])  # noqa: E731
