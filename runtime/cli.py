@@ -166,7 +166,9 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--baseline-model", type=click.Path(dir_okay=False), default=None,
               help="Run this GGUF before MODELS, so that it is the baseline of every measured reduction "
                    "(e.g. the original model of a relufied one) instead of the first MODEL.")
-@click.option("--json", "as_json", is_flag=True, help="Also print the full result as JSON (without -o).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the full result as JSON on stdout instead of the table (stdout is JSON only; with -o "
+                   "the files are written too, their paths on stderr).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
 @click.option("--arithmetic", type=click.Choice(ARITHMETICS), default=ARITHMETICS[0], show_default=True,
               help=ARITHMETIC_HELP)
@@ -174,7 +176,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
           cachegrind, ll_size, cachegrind_tokens, out_dir, baseline_model, as_json, threads, arithmetic) -> None:
     """Run MODELS side by side; the first run (or --baseline-model) is the baseline for measured reductions."""
     from runtime.bench import bench as run_bench
-    from runtime.bench import shares_weights, write_bench
+    from runtime.bench import write_bench
 
     if baseline_model:
         _gguf_args(click.get_current_context(), None, (baseline_model,))  # type: ignore[arg-type]
@@ -185,8 +187,25 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens),
                     progress=_bench_progress,
                     threads=threads, arithmetic=arithmetic)
+    from aios.cli_common import err_console, warn
+
+    for s in res["skipped"]:  # a warning: on stderr, so that stdout stays the result
+        warn(s, "skipped")
+    if as_json:  # stdout is the JSON and nothing else (`aios-run bench F.gguf --json | jq`)
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_bench(res, perplexity_tokens > 0)
+    if out_dir:
+        for p in write_bench(res, out_dir):
+            (err_console if as_json else console).print(f"wrote {p}", soft_wrap=True)
+
+
+def _print_bench(res: dict, ppl: bool) -> None:
+    """The result table on stdout, then the cachegrind and predictor lines."""
+    from runtime.bench import shares_weights
+
     t = Table(title="aios-run bench (MB/token measured by the software byte counter)")
-    ppl = perplexity_tokens > 0
     shared = shares_weights(res["rows"])  # aliased file: also its distinct weight bytes per step
     for col in ("file", "mode", "arithmetic", "decode tok/s", "MB/token") + (("distinct weights MB",) if shared else ()) + (
             "FFN density", "measured red.", "projected red.", "meas/proj") + (("held-out ppl",) if ppl else ()):
@@ -213,16 +232,6 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
         if r.get("predictor_fnr") is not None:
             console.print(f"predictor on {Path(r['file']).name}: measured false-negative rate "
                           f"{r['predictor_fnr']:.2%}, up/gate rows computed {r['predicted_density']:.1%} (lossy)")
-    from rich.markup import escape
-
-    for s in res["skipped"]:
-        console.print(f"[yellow]skipped:[/] {escape(s)}")  # "[sparse]" is text, not markup
-    if out_dir:
-        for p in write_bench(res, out_dir):
-            console.print(f"wrote {p}")
-    elif as_json:
-        json.dump(res, sys.stdout, indent=2)
-        sys.stdout.write("\n")
 
 
 @main.command("fit-predictor")

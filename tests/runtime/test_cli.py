@@ -118,6 +118,25 @@ def test_bench_without_output_prints_the_table_not_json(exported):
     assert res.exit_code == 0 and '"rows"' in res.stdout
 
 
+def test_bench_json_stdout_is_json_only(exported, tmp_path):
+    """`bench F.gguf --json | python -m json.tool` failed: the table came first on stdout. With -o
+    as well, --json printed nothing; now the files are written and the JSON printed (their paths
+    on stderr), as `aios-contract check --json -o` does."""
+    relu, _ = exported("tiny-falcon", "f32", relu=True)
+    q8, _ = exported("tiny-falcon", "q8_0", relu=True)  # its sparse run is skipped: a warning line
+    args = ["bench", str(relu), str(q8), "--modes", "dense,sparse", "--no-project", "-n", "2",
+            "--prompt-tokens", "4", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)  # the whole of stdout
+    assert len(data["rows"]) == 3 and f"skipped: {q8.name} [sparse]" in res.stderr
+    out = tmp_path / "b"
+    res = CliRunner().invoke(main, [*args, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == json.loads((out / "aios-bench.json").read_text())
+    assert f"wrote {out / 'aios-bench.json'}" in res.stderr and (out / "aios-bench.md").is_file()
+
+
 def test_a_folder_or_model_name_gets_the_export_hint():
     """aios-run given an HF folder or an alias says to export first (issue 19.9)."""
     from aios.models.aliases import FIXTURES_DIR
@@ -158,7 +177,7 @@ def test_bench_skips_an_unsupported_file_mode_pair(exported):
     res = CliRunner().invoke(main, ["bench", str(f32), str(q8), "--modes", "dense,sparse", "--no-project",
                                     "-n", "2", "--prompt-tokens", "4"])
     assert res.exit_code == 0, res.output
-    assert f"skipped: {q8.name} [sparse]" in res.stdout
+    assert f"skipped: {q8.name} [sparse]" in res.stderr  # a warning: stdout stays the table
 
 
 def test_bench_baseline_model_is_the_first_run(exported, tmp_path):
