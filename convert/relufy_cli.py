@@ -31,12 +31,23 @@ def relufy_progress() -> Iterator[ProgressFn]:
                    console=err_console, transient=False)
     task: list[Any] = []
     running: list[float] = []  # exponential moving average of the LM loss
+    live = [False]
+
+    def finish() -> None:
+        """Stop the bar once. Off a terminal (a CI log, a pipe) rich draws the bar only here, so
+        it must stop when the fine-tune ends, not when relufy returns: its final line would
+        otherwise come after "measuring the fine-tuned model" and the lines after it."""
+        if live[0]:
+            live[0] = False
+            bar.stop()
 
     def progress(event: str, **info: Any) -> None:
         if event == "phase":
-            bar.console.print(f"[dim]{info['message']}[/]")
+            if task:  # the fine-tune is over (or interrupted): its bar's last line first
+                finish()
+            err_console.print(f"[dim]{info['message']}[/]")
         elif event == "eval":
-            bar.console.print(f"step {info['step']}: held-out ppl {info['heldout_perplexity']:.3f}, "
+            err_console.print(f"step {info['step']}: held-out ppl {info['heldout_perplexity']:.3f}, "
                               f"exact zeros {info['mean_exact_zero_fraction']:.4f}")
         elif event == "step":
             s = info["stats"]
@@ -49,9 +60,15 @@ def relufy_progress() -> Iterator[ProgressFn]:
             if not task:
                 task.append(bar.add_task("fine-tune", total=info["total"], completed=s.step, **fields))
             bar.update(task[0], completed=s.step + 1, **fields)
+            if s.step + 1 >= info["total"]:
+                finish()
 
-    with bar:
+    bar.start()
+    live[0] = True
+    try:
         yield progress
+    finally:
+        finish()
 
 
 def render_relufy(result: RelufyResult) -> None:

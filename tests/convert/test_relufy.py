@@ -276,6 +276,19 @@ def test_cli_exit_codes(lm, tmp_path):
     assert "after fine-tune" in r.output and (tmp_path / "ok" / PROVENANCE_FILE).is_file()
 
 
+def test_cli_progress_off_a_terminal_is_in_order(lm, tmp_path):
+    """Off a terminal (a CI log; CliRunner's stderr is not one) rich draws the fine-tune bar only
+    when it stops, and it stopped when relufy returned: "measuring the fine-tuned model" came
+    before the bar's final line. The bar stops when the last step is done."""
+    r = CliRunner().invoke(main, ["relufy", str(lm("falcon")), "-o", str(tmp_path / "o"), "--steps", "2",
+                                  "--batch", "2", "--seq-len", "16", "--l1", "0"])
+    assert r.exit_code == 0, r.output
+    lines = [x.strip() for x in r.stderr.splitlines()]
+    bar = [i for i, x in enumerate(lines) if x.startswith("fine-tune ") and " 2/2 " in x]
+    assert len(bar) == 1, r.stderr
+    assert bar[0] < lines.index("measuring the fine-tuned model"), r.stderr
+
+
 # --- the acceptance run (slow: about 5-10 CPU minutes) --------------------------------------
 
 
