@@ -13,6 +13,8 @@ the ratio busy/idle (the issue's target: ≥ 1/3).
 Without --file it builds the random-init d 2048, 6-layer Llama of runtime_vs_llamacpp.py and
 quantizes it with llama.cpp's own quantizer to Q4_K_M. Name the CPU (``lscpu``) beside any
 figure; "idle" means "without our busy process": other jobs on the machine still count.
+llama.cpp runs in its own process (benchmarks/llamacpp_worker.py); ``llama_cpp_config`` says
+whether on its default buffers or on plain ones after the default crashed (AMX Xeons).
 """
 
 from __future__ import annotations
@@ -96,7 +98,12 @@ def main() -> None:
             out[f"aios_run_{threads - 1}_threads"] = measure(ours, args.tokens, args.rounds, args.busy)
             kernels.set_threads(threads)
         del ours
-        out["llama_cpp_2_threads"] = measure(LlamaCpp(path), args.tokens, args.rounds, args.busy)
+        lc = LlamaCpp(path)
+        out["llama_cpp_2_threads"] = measure(lc, args.tokens, args.rounds, args.busy)
+        out["llama_cpp_config"] = lc.config  # what llama.cpp's busy/idle ratio was measured on
+        lc.close()
+        print(f"llama.cpp busy / idle: {out['llama_cpp_2_threads']['busy_over_idle']} "
+              f"[llama.cpp: {out['llama_cpp_config']}]", file=sys.stderr, flush=True)
         print(json.dumps(out, indent=2))
     finally:
         if work is not None:

@@ -13,8 +13,9 @@ to watch (the check loads the model once for R1 and streams tensors for R3).
 dimensions (d 4544, 71 query heads, one KV head, d_ffn 18176, vocabulary 65024, ``--layers``
 blocks, 32 for the real model) is written shard by shard as bf16 safetensors with a hub-style
 index (never whole in memory), exported to f16 by ``aios-convert gguf`` (streaming), quantized
-by llama.cpp's own quantizer to PRESET (e.g. Q4_K_M), and checked with R1 measured through
-aios-run on the file as stored. Peak RSS is the child's own VmHWM (``ru_maxrss`` of a child
+by llama.cpp's own quantizer to PRESET (e.g. Q4_K_M; in a child process,
+``aios.reference.llamacpp.quantize``: ``llama_cpp_quantize_s`` is its time there), and checked
+with R1 measured through aios-run on the file as stored. Peak RSS is the child's own VmHWM (``ru_maxrss`` of a child
 starts from its parent's peak on Linux). Needs ~2.3 × the f16 size of free disk for a while.
 
     python benchmarks/check_time_memory.py --falcon-7b-gguf Q4_K_M --layers 32 --samples 8 --max-tokens 64
@@ -133,9 +134,10 @@ def check_falcon_gguf(args, tmp: Path) -> dict:
         export_gguf(str(src), f16, GGUFExportConfig("f16"))
         steps["export_f16_s"] = round(time.perf_counter() - t0, 1)
         shutil.rmtree(src)
-        t0 = time.perf_counter()
         quantize_llamacpp(f16, q, args.falcon_7b_gguf)
-        steps["llama_cpp_quantize_s"] = round(time.perf_counter() - t0, 1)
+        # the quantizer's own time in its child process (start-up excluded), and what ran it
+        steps["llama_cpp_quantize_s"] = round(quantize_llamacpp.last.seconds, 1)
+        steps["llama_cpp_config"] = quantize_llamacpp.last.config
         f16.unlink()
     cmd = [sys.executable, "-c", _CHECK, "check", str(q), "--samples", str(args.samples),
            "--max-tokens", str(args.max_tokens), "-o", str(tmp / "report"), "--format", "json"]

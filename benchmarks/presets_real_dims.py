@@ -31,6 +31,13 @@ llama.cpp's own quantizer (``llama_model_quantize`` from llama-cpp-python) to ea
   tokens (ours, then llama.cpp's, each in its own subprocess) against the file size, and our
   load time (``Model(path)``: mmap + per-layer vectors; JIT excluded: the kernels are cached).
 
+llama.cpp runs in processes of its own (benchmarks/llamacpp_worker.py for the timed decode, a
+fresh one for its RSS), on its default buffers, or with ``--llamacpp-no-repack`` on its plain
+CPU buffers. Where the default crashes (llama-cpp-python built natively on AMX Xeons) it runs
+again on plain buffers; ``llama_cpp_config`` in each row (and the table's last column) says which
+configuration the ratio was measured against, or that llama.cpp crashed on both (our side is then
+still measured).
+
 Random weights: these are speed and memory figures, not text quality (quality per preset is
 tested on the trained fixtures in tests/runtime/test_llamacpp_presets.py). The machine is
 shared: only the paired ratios are claims; name the CPU (``lscpu``) beside any figure.
@@ -61,7 +68,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from q4_k_m_families import build, quantize  # noqa: E402
-from llamacpp_worker import clean_env, exit_text  # noqa: E402
+from aios.reference.llamacpp import DEFAULT, clean_env, exit_text, plain_config  # noqa: E402
+from llamacpp_worker import PLAIN_ASKED, LlamaCppCrash  # noqa: E402
 from runtime_vs_llamacpp import (PROMPT, LlamaCpp, Ours, WeightProbe, interval, paired, read_rows,  # noqa: E402
                                  stream_bandwidth)
 
@@ -94,10 +102,9 @@ print(json.dumps({"load_s": load, "tok_s": tm.decode_tps,
 _LLAMA_RSS = """
 import json, sys, time
 """ + _HWM + """
-sys.path.insert(0, sys.argv[5])
-from llamacpp_worker import llama
+from aios.reference.llamacpp import load
 t = time.perf_counter()
-llm = llama(sys.argv[1], sys.argv[4] == "1", n_ctx=256, n_threads=int(sys.argv[3]), verbose=False)
+llm = load(sys.argv[1], plain=sys.argv[4] == "0", n_ctx=256, n_threads=int(sys.argv[3]))
 load = time.perf_counter() - t
 llm.eval(list(range(1, 9)))
 for _ in range(int(sys.argv[2])):
@@ -107,17 +114,26 @@ print(json.dumps({"load_s": load, "peak_rss": hwm()}))
 
 
 def _subprocess(code: str, path: Path, tokens: int, threads: int, repack: bool = True) -> dict:
+    """One fresh process running ``code``: its JSON line, or {"error": how it ended}. llama.cpp's
+    (``_LLAMA_RSS``) falls back as every use of llama.cpp does: if it dies of a signal on its
+    default buffers (``repack``), once more on plain buffers; its dict says which ("config")."""
     # llama.cpp's child gets the environment it would have alone (clean_env: without the
     # OpenMP wait policy our runtime set for its own threads)
     # (the repository first on the path, the caller's own PYTHONPATH kept after it)
     env = clean_env() if code is _LLAMA_RSS else dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads), str(int(repack)),
-                        str(ROOT / "benchmarks")], env=env,
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(tokens), str(threads), str(int(repack))],
+                       env=env, capture_output=True, text=True, check=False)
+    if code is _LLAMA_RSS and r.returncode < 0 and repack:
+        got = _subprocess(code, path, tokens, threads, repack=False)
+        return {**got, "config": plain_config(r.returncode)} if "error" not in got else \
+            {"error": f"crashed on default buffers ({exit_text(r.returncode)}) and on plain ones: {got['error']}"}
     if r.returncode:
         return {"error": f"{exit_text(r.returncode)}: {(r.stderr.strip().splitlines() or ['nothing on stderr'])[-1]}"}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if code is _LLAMA_RSS:
+        got["config"] = DEFAULT if repack else PLAIN_ASKED
+    return got
 
 
 def step_pairs(m, bpt: float, n: int) -> tuple[list[tuple[float, float, float]], str]:
@@ -173,10 +189,17 @@ def one_file(path: Path, preset: str, args) -> dict:
     mix = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors
                               if len(t.shape) >= 2)
     size = path.stat().st_size
-    ours, theirs = Ours(path, "dense"), LlamaCpp(path, repack=not args.llamacpp_no_repack)
-    p = paired(ours, theirs, args.tokens, args.rounds)
-    del theirs
-    bpt = p["a"]["weight_bytes_per_token"]
+    ours = Ours(path, "dense")
+    try:
+        theirs = LlamaCpp(path, repack=not args.llamacpp_no_repack)
+        p = paired(ours, theirs, args.tokens, args.rounds)
+        config = theirs.config  # "llama.cpp default buffers", or plain ones after a crash
+        theirs.close()
+        del theirs
+    except LlamaCppCrash as e:  # llama.cpp's arm crashed on plain buffers too: ours still measured
+        p, config = None, f"crashed: {e}"
+    mine_tok = p["a"] if p else ours(args.tokens)
+    bpt = mine_tok["weight_bytes_per_token"]
     # bandwidth, paired: each round decodes, then probes the stream bandwidth right after, and the
     # figure is the median of the per-round ratios (the probe alone swung 20-30 GB/s between
     # rounds minutes apart on this shared machine, so one probe per file judged a round it never saw)
@@ -193,8 +216,11 @@ def one_file(path: Path, preset: str, args) -> dict:
     lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads, not args.llamacpp_no_repack)
     row = {"preset": preset, "file_bytes": size, "types_2d": dict(sorted(mix.items())),
            "arithmetic": kernels.arithmetic_label(set(mix)),
-           "tok_s": {"aios_run": round(p["a"]["decode_tok_s"], 2), "llama_cpp": round(p["b"]["decode_tok_s"], 2)},
-           "ratios": p["ratios"], "ratio": p["ratio"], "ratio_ci95": p["ratio_ci95"],
+           "tok_s": {"aios_run": round(mine_tok["decode_tok_s"], 2),
+                     "llama_cpp": round(p["b"]["decode_tok_s"], 2) if p else None},
+           "ratios": p["ratios"] if p else [], "ratio": p["ratio"] if p else None,
+           "ratio_ci95": p["ratio_ci95"] if p else None,
+           "llama_cpp_config": config,  # what the ratio was measured against
            "weight_bytes_per_token": int(bpt), "eff_gb_s": round(eff, 2),
            "stream_gb_s": round(stream, 2), "eff_over_stream": round(ratio_bw, 3),
            "eff_over_stream_rounds": [round(r, 3) for r, _ in bw],
@@ -206,7 +232,8 @@ def one_file(path: Path, preset: str, args) -> dict:
     if "peak_rss" in mine:
         row["rss"] = {"aios_run_peak": mine["peak_rss"], "aios_run_over_file": round(mine["peak_rss"] / size, 3),
                       "llama_cpp_peak": lc.get("peak_rss"), "aios_run_load_s": round(mine["load_s"], 2),
-                      "llama_cpp_load_s": round(lc["load_s"], 2) if "load_s" in lc else None}
+                      "llama_cpp_load_s": round(lc["load_s"], 2) if "load_s" in lc else None,
+                      "llama_cpp_config": lc.get("config", lc.get("error"))}
     else:
         row["rss"] = {"error": mine.get("error"), "llama_cpp": lc}
     return row
@@ -262,21 +289,25 @@ def markdown(result: dict) -> str:
     """The run as a Markdown table (one row per file), as docs/benchmarks.md shows it."""
     head = ("| arch | preset | file MiB | 2-D types | ours tok/s | llama.cpp tok/s | ratio [95 % interval] (rounds) "
             "| eff GB/s / stream (best probe) | eff / same pages, per step (quartiles) "
-            "| eff / 1 GiB array, per step (quartiles) | ours RSS / file | load s ours / llama.cpp |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| eff / 1 GiB array, per step (quartiles) | ours RSS / file | load s ours / llama.cpp "
+            "| llama.cpp configuration |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} |||||||||")
+            lines.append(f"| {r['arch']} | {r['preset']} | error: {r['error']} ||||||||||")
             continue
         rss = r.get("rss", {})
         types = ", ".join(f"{k}×{v}" for k, v in r["types_2d"].items())
+        ratio = (f"**{r['ratio']:.2f}** {_ci_text(r)}({', '.join(f'{x:.2f}' for x in r['ratios'])})"
+                 if r.get("ratio") is not None else "—")
         lines.append(
             f"| {r['arch']} | {r['preset']} | {r['file_bytes'] / 2**20:.0f} | {types} | {r['tok_s']['aios_run']} "
-            f"| {r['tok_s']['llama_cpp']} | **{r['ratio']:.2f}** {_ci_text(r)}({', '.join(f'{x:.2f}' for x in r['ratios'])}) "
+            f"| {r['tok_s']['llama_cpp']} | {ratio} "
             f"| {r['eff_gb_s']} / {r['stream_gb_s']} = {r['eff_over_stream']:.2f} "
             f"| {r.get('eff_over_stream_per_step', '?')} {_iqr_text(r)}"
             f"| {r.get('eff_over_array_per_step', '?')} {_iqr_text(r, 'eff_over_array_per_step_quartiles')}"
-            f"| {rss.get('aios_run_over_file', '?')} | {rss.get('aios_run_load_s', '?')} / {rss.get('llama_cpp_load_s', '?')} |")
+            f"| {rss.get('aios_run_over_file', '?')} | {rss.get('aios_run_load_s', '?')} / {rss.get('llama_cpp_load_s', '?')} "
+            f"| {r.get('llama_cpp_config', 'not recorded')} |")
     return "\n".join(lines)
 
 

@@ -18,6 +18,11 @@ where a row is no multiple of 256). On that file, in one run:
 
     python benchmarks/q4_k_m_families.py [--families llama-3.1-8b,gemma-3-4b] [--layers 1] [--preset Q4_K_M]
 
+llama.cpp runs in child processes (``aios.reference.llamacpp`` for the quantizer and the logits,
+benchmarks/llamacpp_worker.py for the timed decode), on its default buffers, or on its plain CPU
+buffers where the default crashed (AMX Xeons): each line names the configuration
+(``llama_cpp_config`` beside the decode ratio, ``llama_cpp_logits_config`` beside the logits).
+
 Random weights: the figures are about exactness and speed, not text quality. Each family needs
 up to ~4 GB of RAM (gemma's 262k vocabulary); the work folder is deleted afterwards.
 """
@@ -26,18 +31,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import json
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TOK = ROOT / "aios" / "fixtures" / "tiny-falcon"
 # model_type -> config of a published model (text part), without the layer count
@@ -90,11 +94,10 @@ def build(folder: Path, family: str, layers: int) -> None:
 
 
 def quantize(src: Path, dst: Path, preset: str) -> None:
-    import llama_cpp
+    """llama.cpp's ``llama_model_quantize`` of ``src`` to ``preset``, in a child process."""
+    from aios.reference import llamacpp
 
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + preset)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    llamacpp.quantize(src, dst, preset)
 
 
 def dequantized_logits(path: Path) -> np.ndarray:
@@ -105,23 +108,22 @@ def dequantized_logits(path: Path) -> np.ndarray:
     return dequantized(Model(path)).forward(IDS, all_logits=True)
 
 
-def llama_cpp_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, float]:
-    from llama_cpp import Llama
+def llama_cpp_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, float, dict]:
+    """llama.cpp's logits over IDS (one child, ``aios.reference.llamacpp.logits``) and its best
+    decode tokens/s over ``rounds`` rounds of ``tokens`` (the benchmarks' worker; timed in its
+    process, start-up and load excluded), with the configuration each ran on."""
+    from llamacpp_worker import LlamaCpp
 
-    llm = Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False)
-    llm.eval(IDS)
-    logits = np.array(llm.scores[: len(IDS)])
-    best = 0.0
-    for _ in range(rounds):
-        llm.reset()
-        llm.eval(IDS)
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            llm.eval([nxt])
-        best = max(best, tokens / (time.perf_counter() - t0))
-    llm.close()
-    return logits, best
+    from aios.reference import llamacpp
+
+    ref = llamacpp.logits(path, IDS, n_ctx=256, n_threads=2)
+    best, lc = 0.0, LlamaCpp(path, threads=2)
+    try:
+        for _ in range(rounds):
+            best = max(best, lc(tokens)["decode_tok_s"])
+    finally:
+        lc.close()
+    return np.asarray(ref.value), best, {"logits": ref.config, "decode": lc.config}
 
 
 def ours_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, float]:
@@ -159,15 +161,17 @@ def one(family: str, work: Path, layers: int, preset: str, tokens: int, rounds: 
     ref = dequantized_logits(q)
     kernels.set_arithmetic(default)  # what aios-run runs by default (int8 where a kernel exists)
     ours, ours_tps = ours_run(q, tokens, rounds)
-    lc, lc_tps = llama_cpp_run(q, tokens, rounds)
+    lc, lc_tps, configs = llama_cpp_run(q, tokens, rounds)
     scale = float(np.abs(ref).max())
     return {"family": family, "layers": layers, "preset": preset, "file_bytes": q.stat().st_size,
             "types": dict(sorted(mix.items())), "arithmetic": default,
             "max_err_float_path_vs_gguf_py_dequant": float(np.abs(exact - ref).max()) / scale,
             "max_err_vs_llama_cpp": float(np.abs(ours - lc).max()) / scale,
             "top1_agreement_vs_llama_cpp": float(np.mean(ours.argmax(-1) == lc.argmax(-1))),
+            "llama_cpp_logits_config": configs["logits"],
             "decode_tok_s": {"aios_run": round(ours_tps, 2), "llama_cpp": round(lc_tps, 2)},
-            "decode_ratio_ours_over_llama_cpp": round(ours_tps / lc_tps, 3)}
+            "decode_ratio_ours_over_llama_cpp": round(ours_tps / lc_tps, 3),
+            "llama_cpp_config": configs["decode"]}
 
 
 def main() -> None:

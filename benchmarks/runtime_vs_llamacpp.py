@@ -31,7 +31,11 @@ and one slow round should not decide a figure.
 --quant-only runs only the quantized-file comparisons (3) of --quant-types, skipping the f32
 bandwidth, f32 and ReLU-sparse sections.
 
-Needs llama-cpp-python (in the test extra). Prints one JSON object.
+Needs llama-cpp-python (in the test extra). llama.cpp runs in its own process
+(benchmarks/llamacpp_worker.py): if it crashes on its default buffers (AMX Xeons, see
+docs/benchmarks.md) it runs on its plain CPU buffers, and every ratio names the configuration it
+was measured against (``llama_cpp_config_<file>`` in the JSON, "[llama.cpp: ...]" on each ratio line
+printed to stderr as it is measured). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,7 +51,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from llamacpp_worker import PROMPT, LlamaCpp, llama  # noqa: F401 (re-exported)
+from llamacpp_worker import PROMPT, LlamaCpp  # the other benchmarks import them from here
+from aios.reference import llamacpp
 from runtime import kernels as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,15 +287,20 @@ QUANT_TYPES = ("q8_0", "q4_0", "q4_k_m")
 
 
 def quantize_llamacpp(src: Path, dst: Path, preset: str) -> Path:
-    """``src`` (a GGUF) quantized by llama.cpp's llama_model_quantize to ``preset`` ("Q4_K_M")."""
-    import ctypes
-
-    import llama_cpp
-
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + preset)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    """``src`` (a GGUF) quantized by llama.cpp's llama_model_quantize to ``preset`` ("Q4_K_M"),
+    in a child process (``aios.reference.llamacpp.quantize``). ``quantize_llamacpp.last`` is
+    that call's Result: ``.seconds`` the quantizer's own time in the child, ``.config`` the
+    llama.cpp configuration."""
+    quantize_llamacpp.last = llamacpp.quantize(src, dst, preset)
     return dst
+
+
+quantize_llamacpp.last = None
+
+
+def config_text(config: str) -> str:
+    """How a printed line names the llama.cpp configuration a ratio was measured against."""
+    return f"[llama.cpp: {config}]"
 
 
 def quant_vs_llamacpp(work: Path, src: Path, arith: list[str], n: int, rounds: int, out: dict,
@@ -312,6 +323,9 @@ def quant_vs_llamacpp(work: Path, src: Path, arith: list[str], n: int, rounds: i
             out[f"ours_{t}_{a}_tok_s"] = round(p["a"]["decode_tok_s"], 3)
             out[f"llamacpp_{t}_tok_s"] = max(out.get(f"llamacpp_{t}_tok_s", 0.0), round(p["b"]["decode_tok_s"], 3))
             out[f"ratios_ours_{a}_over_llamacpp_{t}"], out[f"ratio_ours_{a}_over_llamacpp_{t}"] = p["ratios"], p["ratio"]
+            out[f"llama_cpp_config_{t}"] = theirs.config  # beside the ratios measured against it
+            print(f"ours {a} / llama.cpp, {t}: {p['ratio']:.3f} {config_text(theirs.config)}",
+                  file=sys.stderr, flush=True)
         if len(ours) == 2:
             p = paired(ours["int8"], ours["float"], n, rounds)
             out[f"ratios_int8_over_float_{t}"], out[f"ratio_int8_over_float_{t}"] = p["ratios"], p["ratio"]
@@ -370,9 +384,13 @@ def main() -> None:
         out["ratio_effective_over_stream"] = round(max(eff) / out["stream_gb_s"], 3)
 
         # 3: same files, ours vs llama.cpp
-        p = paired(ours32, LlamaCpp(f32), n, R)
+        lc32 = LlamaCpp(f32)
+        p = paired(ours32, lc32, n, R)
         out["ours_f32_tok_s"], out["llamacpp_f32_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
         out["ratios_ours_over_llamacpp_f32"], out["ratio_ours_over_llamacpp_f32"] = p["ratios"], p["ratio"]
+        out["llama_cpp_config_f32"] = lc32.config
+        print(f"ours / llama.cpp, f32: {p['ratio']:.3f} {config_text(lc32.config)}", file=sys.stderr, flush=True)
+        del lc32
         del ours32
         quant_vs_llamacpp(work, dense_src, arith, n, R, out, kinds)
 
@@ -384,6 +402,9 @@ def main() -> None:
         out["sparse_weight_bytes_per_token"] = int(p["a"]["weight_bytes_per_token"])
         out["ours_sparse_tok_s"], out["llamacpp_dense_same_weights_tok_s"] = round(p["a"]["decode_tok_s"], 3), round(p["b"]["decode_tok_s"], 3)
         out["ratios_ours_sparse_over_llamacpp_dense"], out["ratio_ours_sparse_over_llamacpp_dense"] = p["ratios"], p["ratio"]
+        out["llama_cpp_config_relu_f32"] = lr.config
+        print(f"ours sparse / llama.cpp dense, relu f32: {p['ratio']:.3f} {config_text(lr.config)}",
+              file=sys.stderr, flush=True)
         del sp
         # lossy, for reference: the up/gate predictor (aios-run fit-predictor) on the same file
         from runtime import predictor as P
@@ -398,6 +419,9 @@ def main() -> None:
         out["predict_rows_computed"] = round(f["predicted_density"], 4)
         out["ratios_ours_predict_lossy_over_llamacpp_dense"] = p["ratios"]
         out["ratio_ours_predict_lossy_over_llamacpp_dense"] = p["ratio"]
+        out["llama_cpp_config_relu_f32"] = lr.config  # again: a crash during these rounds changes it
+        print(f"ours predict (lossy) / llama.cpp dense, relu f32: {p['ratio']:.3f} {config_text(lr.config)}",
+              file=sys.stderr, flush=True)
     finally:
         print(json.dumps(out, indent=2))
         if args.keep is None:

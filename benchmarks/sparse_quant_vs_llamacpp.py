@@ -30,7 +30,9 @@ our byte counter measured in each mode (weights, KV cache, activations) and what
 (``aios-contract check``, as ``aios-run bench`` calls it) projects for the same file at the same
 context length (prompt + tokens/2), with the measured / projected reduction, and the arithmetic
 of our block kernels (runtime.kernels.arithmetic_label). Prints one JSON object; name the CPU
-(``lscpu``) beside any figure.
+(``lscpu``) beside any figure. llama.cpp runs in its own process (benchmarks/llamacpp_worker.py),
+on its default buffers or, where they crash (AMX Xeons), on its plain CPU buffers:
+``llama_cpp_config`` beside every ratio says which.
 
     python benchmarks/sparse_quant_vs_llamacpp.py [--arch llama|falcon] [--layers 2] [--tokens 16] [--rounds 3]
         [--outtypes q8_0,q4_0,q4_k] [--predict q4_k] [--up-rank 0] [--no-project] [--keep DIR]
@@ -39,7 +41,6 @@ of our block kernels (runtime.kernels.arithmetic_label). Prints one JSON object;
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import shutil
 import sys
@@ -256,8 +257,7 @@ def main() -> None:
     ap.add_argument("--no-project", action="store_true", help="Skip the checker's projection (aios-contract check).")
     ap.add_argument("--keep", type=Path, default=None)
     args = ap.parse_args()
-    import llama_cpp
-
+    from aios.reference import llamacpp
     from convert.gguf import GGUFExportConfig, export_gguf
     from runtime import kernels as K
     from runtime import predictor as P
@@ -287,13 +287,12 @@ def main() -> None:
         f16 = work / "relu-f16.gguf"
         export_gguf(str(src), f16, GGUFExportConfig("f16"))
         ref = work / "relu-Q4_K_M.gguf"
-        p = llama_cpp.llama_model_quantize_default_params()
-        p.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M
-        assert llama_cpp.llama_model_quantize(str(f16).encode(), str(ref).encode(), ctypes.byref(p)) == 0
+        llamacpp.quantize(f16, ref, LLAMA_FTYPE_MOSTLY_Q4_K_M)
         out["llamacpp_q4_k_m_bytes"] = ref.stat().st_size
         out["llamacpp_q4_k_m_types_2d"] = tensor_mix(ref)["types_2d"]
         out["llamacpp_q4_k_m_weight_mb_per_token_analytic"] = dense_weight_mb(ref)
         lc = LlamaCpp(ref)
+        out["llama_cpp_config"] = lc.config
         lc_best = 0.0
         seen: dict[str, str] = {}  # tensors hash -> the outtype first measured with them
         dense_of: dict[str, dict] = {}  # outtype -> its dense measurement
@@ -331,6 +330,9 @@ def main() -> None:
                 res[f"{mode}_tok_s"] = round(r["a"]["decode_tok_s"], 3)
                 res[f"ratios_{mode}_over_llamacpp_q4_k_m"] = r["ratios"]
                 res[f"ratio_{mode}_over_llamacpp_q4_k_m"] = r["ratio"]
+                res["llama_cpp_config"] = lc.config  # what these ratios were measured against
+                print(f"{t} {mode} / llama.cpp Q4_K_M: {r['ratio']:.3f} [llama.cpp: {lc.config}]",
+                      file=sys.stderr, flush=True)
             if "sparse" in modes:
                 res["ffn_firing_fraction"] = active_sets(modes["sparse"], n)
             if "predict" in modes:
@@ -355,6 +357,8 @@ def main() -> None:
                 res["measured_over_projected_sparse"] = round(red / pk, 3) if pk else None
             res["seconds"] = round(time.perf_counter() - t0, 1)
         out["llamacpp_q4_k_m_dense_tok_s"] = round(lc_best, 3)
+        out["llama_cpp_config"] = lc.config  # again: a crash during the rounds changes it
+        lc.close()
     finally:
         out["seconds"] = round(time.perf_counter() - t_start, 1)
         print(json.dumps(out, indent=2))

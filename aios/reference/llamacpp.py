@@ -215,6 +215,17 @@ def quantize_rows(x, type_name: str, qtype: int, row_bytes: int, imatrix=None) -
                 type_name=type_name)
 
 
+def quantize_rows_timed(x, type_name: str, qtype: int, row_bytes: int, imatrix=None) -> Result:
+    """:func:`quantize_rows` for a benchmark: ``value`` is (the rows, the seconds the encoding
+    alone took in the child). ``Result.seconds`` also counts importing llama-cpp-python there
+    (~0.2 s), which would swamp the encoding of a small tensor."""
+    import numpy as np
+
+    return call("quantize_rows_timed", None, x=np.ascontiguousarray(x, np.float32), qtype=int(qtype),
+                row_bytes=int(row_bytes), imatrix=None if imatrix is None else np.ascontiguousarray(imatrix, np.float32),
+                type_name=type_name)
+
+
 def graph_tensors(path, ids, names, **llama_kw) -> Result:
     """The float32 graph tensors ``names`` (last write of each) as llama.cpp evaluates ``ids`` in
     one batch, by name ("attn_norm-0", "Qcur-0", ...)."""
@@ -343,6 +354,16 @@ def _op_quantize_rows(path, plain, x, qtype, row_bytes, imatrix, type_name):
     return out
 
 
+def _op_quantize_rows_timed(path, plain, **kw):
+    import time
+
+    import llama_cpp  # noqa: F401 - imported (and its libraries loaded) before the clock starts
+
+    t0 = time.perf_counter()
+    out = _op_quantize_rows(path, plain, **kw)
+    return out, time.perf_counter() - t0
+
+
 def _op_graph_tensors(path, plain, ids, names, llama_kw):
     import ctypes
 
@@ -385,7 +406,7 @@ def _op_graph_tensors(path, plain, ids, names, llama_kw):
 
 _OPS = {"logits": _op_logits, "greedy": _op_greedy, "tokenize": _op_tokenize, "detokenize": _op_detokenize,
         "load": _op_load, "quantize": _op_quantize, "quantize_rows": _op_quantize_rows,
-        "graph_tensors": _op_graph_tensors}
+        "quantize_rows_timed": _op_quantize_rows_timed, "graph_tensors": _op_graph_tensors}
 
 
 def _serve(request_file: str, answer_file: str) -> None:
