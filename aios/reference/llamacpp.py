@@ -5,9 +5,9 @@ Each call runs llama.cpp (llama-cpp-python) in a fresh child process, so a crash
 kills the child, never the test run or the benchmark that asked.
 
 Why: llama-cpp-python 0.3.36 built natively on a Xeon with AMX (``amx_tile``, ``amx_int8``)
-segfaults inside its default *extra buffer types* (the AMX and weight-repacking CPU buffers) on
-quantized files (Q4_0, Q8_0, Q4_K_M, IQ4, every Gemma 3 file); F32/F16 files run. Loaded into the
-pytest process, the first such file ended the whole run with no summary. The same build with its
+dies inside its default *extra buffer types* (the AMX and weight-repacking CPU buffers) on
+quantized files (Q4_0, Q8_0, Q4_K_M, IQ4, every Gemma 3 file: SIGSEGV on one such Xeon, SIGILL
+in ``ggml_backend_amx_mul_mat`` on another); F32/F16 files run. Loaded into the pytest process, the first such file ended the whole run with no summary. The same build with its
 plain CPU buffers (``llama_model_params.use_extra_bufts = False``, llama.cpp's ``--no-repack``)
 computes these files correctly. So a call first runs llama.cpp as it comes (default buffers);
 if the child dies of a signal, it runs again on plain buffers and the result says so
