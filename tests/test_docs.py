@@ -73,7 +73,7 @@ SCORECARD_WIDTH = 100  # the README shows the scorecard as a 100-column terminal
 def _readme_scorecard() -> str:
     """The fenced block that follows "Command 1 prints a scorecard"."""
     text = README.read_text()
-    m = re.search(r"Command 1 prints a scorecard.*?\n```\n(.*?)\n```", text, re.S)
+    m = re.search(r"Command 1 prints a scorecard.*?\n```\n(.*?)\n```", text, re.DOTALL)
     assert m, "README: no scorecard block after 'Command 1 prints a scorecard'"
     return m.group(1)
 
