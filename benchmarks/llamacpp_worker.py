@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from aios.reference.llamacpp import (DEFAULT, FALLBACKS, LlamaCppCrash, LlamaCppError,  # noqa: E402
-                                     _no_core_dump, clean_env, exit_text, load, plain_config)
+                                     no_core_dump, clean_env, exit_text, load, plain_config)
 
 PROMPT = list(range(1, 9))
 # the configuration of a deliberate no-repack arm (presets_real_dims.py --llamacpp-no-repack)
@@ -107,7 +107,7 @@ class LlamaCpp:
         self.proc = subprocess.Popen([sys.executable, __file__, str(self.path), "0" if self.plain else "1",
                                       str(self.threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=clean_env(), preexec_fn=_no_core_dump)
+                                     text=True, env=clean_env(), preexec_fn=no_core_dump)
 
     def _start(self) -> None:
         while True:

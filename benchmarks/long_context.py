@@ -58,13 +58,13 @@ print(n / (time.perf_counter() - t))
 def run(path: Path, ctx: int, n: int, side: str, threads: int) -> float:
     """tok/s of ``n`` decode steps after a ``ctx``-token prompt, timed in a fresh process of
     ``side`` ("ours", "llama.cpp" on its default buffers, "llama.cpp plain")."""
-    from aios.reference.llamacpp import _no_core_dump, clean_env
+    from aios.reference.llamacpp import no_core_dump, clean_env
 
     code = _CHILD.format(root=str(ROOT), path=str(path), ctx=ctx, n=n, side=side, threads=threads)
     # llama.cpp's child: the environment it would have alone (without our runtime's OpenMP wait)
     env = None if side == "ours" else clean_env()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env,
-                       preexec_fn=None if side == "ours" else _no_core_dump)
+                       preexec_fn=None if side == "ours" else no_core_dump)
     if r.returncode:
         if r.returncode < 0 and side != "ours":
             raise _Crash(r.returncode)

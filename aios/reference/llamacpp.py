@@ -107,7 +107,8 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def _no_core_dump() -> None:
+def no_core_dump() -> None:
+    """In a child about to run llama.cpp: a crash writes no core file (a multi-GB model mapped)."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -121,7 +122,7 @@ def _run_child(request: dict, timeout: float) -> tuple[int | None, Any, str]:
         try:
             proc = subprocess.run([sys.executable, __file__, str(req), str(out)], env=clean_env(),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  timeout=timeout, preexec_fn=_no_core_dump)
+                                  timeout=timeout, preexec_fn=no_core_dump)
         except subprocess.TimeoutExpired as e:
             tail = (e.stderr or b"").decode(errors="replace").strip().splitlines()
             return None, None, tail[-1] if tail else ""
