@@ -235,10 +235,12 @@ def pytest_terminal_summary(terminalreporter):
 
     if not llamacpp.FALLBACKS:
         return
+    import collections
+
     tests = sorted({f["test"] or "(collection)" for f in llamacpp.FALLBACKS})
-    configs = ", ".join(sorted({f["config"] for f in llamacpp.FALLBACKS}))
     terminalreporter.section("llama.cpp references on plain CPU buffers")
-    terminalreporter.write_line(f"{len(llamacpp.FALLBACKS)} llama.cpp call(s) in {len(tests)} test(s) ran on "
-                                f"{configs}:")
+    for config, n in sorted(collections.Counter(f["config"] for f in llamacpp.FALLBACKS).items()):
+        terminalreporter.write_line(f"{n} llama.cpp call(s): {config}")
+    terminalreporter.write_line(f"in {len(tests)} test(s):")
     for t in tests:
         terminalreporter.write_line(f"  {t}")
