@@ -75,6 +75,8 @@ class HParams:
     window: int = 0  # sliding-window size of local layers (0: none)
     swa_layers: tuple[bool, ...] = ()  # per layer: uses the window and the local RoPE base
     rope_base_swa: float = 0.0
+    rope_scale: float = 1.0  # linear RoPE scaling: positions multiplied by this (1 / the file's factor)
+    rope_scale_swa: float = 1.0  # the same for the local layers
     attn_softcap: float = 0.0  # 0: none
     final_softcap: float = 0.0
 
@@ -122,7 +124,13 @@ def _runtime_row(arch, has_attn_norm_2: bool) -> Architecture:
 
 def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
     """The hyperparameters of a checked GGUF (``gguf_checks.check_hparams`` ran first);
-    ``n_ctx`` overrides the file's context length."""
+    ``n_ctx`` overrides the file's context length.
+
+    A key the file lacks gets the value llama.cpp's loader gives it (``llama_model_base::
+    load_hparams``, llama_hparams' defaults and the architecture's ``load_arch_hparams``), the
+    per-architecture ones read off the row (docs/design.md, "llama.cpp's defaults"); a key
+    llama.cpp does not read for the architecture is not read here either. Only ``aios.*`` keys
+    (the declared activation, our export's attention scale) override what llama.cpp computes."""
     arch = row.gguf_arch.lower()
 
     def f(key: str, default=None):
@@ -132,9 +140,18 @@ def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
     n_heads = int(f("attention.head_count"))
     d_model = int(f("embedding_length"))
     hd = int(f("attention.key_length", d_model // n_heads))  # explicit when heads·hd != d_model
+    hd_v = int(f("attention.value_length", d_model // n_heads))  # llama.cpp: not the key length
+    if hd_v != hd:
+        raise InvalidModelError(f"'{arch}.attention.value_length' is {hd_v} (d_model / heads when absent) and the "
+                                f"key length {hd}: aios-run needs equal key and value head sizes.")
     n_layers = int(f("block_count"))
-    window = int(f("attention.sliding_window", 0))
+    window = int(f("attention.sliding_window", row.swa_default_window)) if row.runtime_window else 0
     rope_base = float(f("rope.freq_base", 10000.0))
+    rope_scale = _rope_freq_scale(f, arch)
+    local_base = rope_base if not row.reads_local_rope else \
+        float(f("rope.freq_base_swa", row.local_rope_base_default or rope_base))
+    # llama.cpp reads the epsilon of the row's norm kind (and refuses a file without it)
+    eps_key = "attention.layer_norm_epsilon" if row.norm == "layer" else "attention.layer_norm_rms_epsilon"
     return HParams(
         arch=arch,
         n_layers=n_layers,
@@ -146,18 +163,33 @@ def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
         n_ctx=int(n_ctx or f("context_length", 2048)),
         rope_base=rope_base,
         rope_dims=int(f("rope.dimension_count", hd)),
-        norm_eps=float(f("attention.layer_norm_epsilon", None) or f("attention.layer_norm_rms_epsilon", 1e-5)),
+        norm_eps=float(f(eps_key, 1e-5)),
         activation=str(store.field("aios.ffn_activation") or row.llama_cpp_ffn_activation),
         activation_threshold=store.field("aios.ffn_activation_threshold"),
         graph=row,
-        attn_scale=float(store.field("aios.attention.scale") or 1 / math.sqrt(hd)),
+        # aios.attention.scale: our export of a checkpoint whose scale llama.cpp does not compute
+        attn_scale=float(store.field("aios.attention.scale")
+                         or row.llama_cpp_attn_scale(n_layers, d_model, n_heads, hd)),
         window=window,
         swa_layers=_swa_layers(f("attention.sliding_window_pattern"), window, n_layers, row),
-        # llama.cpp: a missing local base is its hparams default, 10000, not the global base
-        rope_base_swa=float(f("rope.freq_base_swa", 10000.0)),
-        attn_softcap=float(f("attn_logit_softcapping", 0.0)),
-        final_softcap=float(f("final_logit_softcapping", 0.0)),
+        rope_base_swa=local_base,
+        rope_scale=rope_scale,
+        rope_scale_swa=rope_scale if row.local_rope_scaled or not row.reads_local_rope else 1.0,
+        attn_softcap=float(f("attn_logit_softcapping", row.attn_softcap_default)) if row.attn_softcap_key else 0.0,
+        final_softcap=float(f("final_logit_softcapping", row.final_softcap_default)) if row.final_softcap_key else 0.0,
     )
+
+
+def _rope_freq_scale(f, arch: str) -> float:
+    """llama.cpp's ``rope_freq_scale``: 1 / ``rope.scaling.factor`` (or the older
+    ``rope.scale_linear``) for linear scaling, the type's default; 1 for type "none" or no factor.
+    Other types (YaRN, LongRoPE) change the rotation itself: refused."""
+    kind = str(f("rope.scaling.type", "linear"))
+    if kind not in ("linear", "none"):
+        raise UnsupportedArchitectureError(f"'{arch}.rope.scaling.type' is '{kind}'; aios-run runs linear RoPE "
+                                           "scaling (and Llama 3.1's rope_freqs) only.")
+    factor = float(f("rope.scaling.factor", 0.0) or f("rope.scale_linear", 0.0) or 0.0)
+    return 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
 
 
 def _swa_layers(pattern, window: int, n_layers: int, row: Architecture) -> tuple[bool, ...]:
@@ -234,13 +266,21 @@ class Model:
         self.v_cache = np.zeros_like(self.k_cache)
         self.pos = 0
         inv = hp.rope_base ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
-        self._ones_ff = self._freq_factors = np.ones(hp.rope_dims // 2, np.float32)
+        ff = np.ones(hp.rope_dims // 2, np.float32)
         if "rope_freqs.weight" in t:  # per-frequency divisors (Llama 3.1 RoPE scaling), as llama.cpp
-            self._freq_factors = np.ascontiguousarray(vector(t["rope_freqs.weight"])[: hp.rope_dims // 2], np.float32)
-            inv = inv / self._freq_factors.astype(np.float64)
-        self._inv_freq = inv  # (rope_dims/2,)
+            ff = np.ascontiguousarray(vector(t["rope_freqs.weight"])[: hp.rope_dims // 2], np.float32)
+            inv = inv / ff.astype(np.float64)
+        elif "rope_factors_long.weight" in t or "rope_factors_short.weight" in t:
+            raise UnsupportedArchitectureError(f"{self.path.name} has LongRoPE factors (rope_factors_long/short); "
+                                               "aios-run does not run LongRoPE.")
+        # linear RoPE scaling multiplies the angle by rope_scale: folded into the divisors (ggml
+        # computes scale·(θ/ff); θ/(ff/scale) rounds the same when the factor is a power of two)
+        self._freq_factors = np.ascontiguousarray(ff / np.float32(hp.rope_scale), np.float32)
+        self._freq_factors_swa = np.full(hp.rope_dims // 2, 1 / np.float32(hp.rope_scale_swa), np.float32)
+        self._inv_freq = inv * hp.rope_scale  # (rope_dims/2,)
         # local (sliding-window) layers' RoPE base (Gemma 3: 10,000 vs 1,000,000 for global ones)
-        self._inv_freq_swa = hp.rope_base_swa ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
+        self._inv_freq_swa = hp.rope_base_swa ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64)
+                                                  / hp.rope_dims) * hp.rope_scale_swa
         # ggml_rope's per-dimension factor of each base, computed once (the fused path's argument)
         self._theta_scale = {b: ggml_ops.theta_scale(b, hp.rope_dims) if hp.rope_dims else np.float32(1.0)
                              for b in (hp.rope_base, hp.rope_base_swa)}
@@ -359,7 +399,7 @@ class Model:
         neox = self.hp.graph.rope == "neox"
         if self._ggml():
             base = self.hp.rope_base_swa if local else self.hp.rope_base
-            ff = self._ones_ff if local else self._freq_factors
+            ff = self._freq_factors_swa if local else self._freq_factors
             ggml_ops.rope(x, positions.astype(np.int64), ggml_ops.theta_scale(base, self.hp.rope_dims), ff, neox)
             return x
         inv = self._inv_freq_swa if local else self._inv_freq
@@ -442,7 +482,7 @@ class Model:
                      else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
             p.args = (p.W, p.codes, p.B, *norms, np.float32(hp.norm_eps),
                       self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
-                      self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None,
+                      self._freq_factors_swa if local else self._freq_factors, g.rope == "neox", g.rope is not None,
                       scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
                       hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
                       self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim)
@@ -512,7 +552,7 @@ class Model:
         base = hp.rope_base_swa if local else hp.rope_base
         q = ggml_ops.attention_inputs(
             q, k, v, qn, kn, np.float32(hp.norm_eps), positions, self._theta_scale[base],
-            self._ones_ff if local else self._freq_factors, g.rope == "neox", g.rope is not None, pre,
+            self._freq_factors_swa if local else self._freq_factors, g.rope == "neox", g.rope is not None, pre,
             self.k_cache[layer], self.v_cache[layer], p0)
         self._kv_reads(layer, T, p0 + T)
         return ggml_ops.attention(q, self.k_cache[layer], self.v_cache[layer], p0,

@@ -15,6 +15,7 @@ Adding an architecture that reuses existing graph features is adding a row to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -77,6 +78,28 @@ class Architecture:
     # which layers use the window when a file gives no per-layer pattern: every layer but each
     # swa_pattern-th (llama.cpp's default for the architecture); 0 = all layers
     swa_pattern: int = 0
+    # --- what llama.cpp's loader assumes for a key a GGUF lacks (read_hparams applies the same;
+    #     docs/design.md, "llama.cpp's defaults") ---------------------------------------------
+    # aios-run windows local layers by the file's {arch}.attention.sliding_window. llama.cpp's
+    # loader reads it for Gemma 2/3 (llama_cpp_window); for the llama row (Mistral) aios-run applies
+    # it as transformers does while llama.cpp's graph attends to the whole context; Phi-3's it reads
+    # and disables, the others never read it
+    runtime_window: bool = False
+    llama_cpp_window: bool = False
+    swa_default_window: int = 0  # the window when the file has none (Gemma 2: 4096; 0: no window)
+    # the local layers' RoPE: llama.cpp reads {arch}.rope.freq_base_swa (else the local layers use the
+    # global base); missing, it is local_rope_base_default (0: the global base); local_rope_scaled:
+    # the local layers get the file's RoPE scaling factor too (Gemma 2) or run unscaled (Gemma 3)
+    reads_local_rope: bool = False
+    local_rope_base_default: float = 0.0
+    local_rope_scaled: bool = True
+    # soft caps when the file has no {arch}.attn_logit_softcapping / final_logit_softcapping (read
+    # only for a row with the matching *_softcap_key); 0: none
+    attn_softcap_default: float = 0.0
+    final_softcap_default: float = 0.0
+    # llama.cpp hard-codes the attention scale: 1/sqrt(head_dim), or 1/sqrt(d_model / n_heads) for
+    # the block counts listed here (Gemma 2/3 27B: query_pre_attn_scalar = d_model / n_heads)
+    attn_scale_width_layers: tuple[int, ...] = ()
     # What llama.cpp executes for this GGUF architecture's FFN, whatever the file declares:
     # llama.cpp hard-codes the activation per architecture (docs/design.md, "Pitfalls").
     llama_cpp_ffn_activation: str = "silu"
@@ -109,6 +132,10 @@ class Architecture:
         gate = ("ffn_gate.weight",) if self.gated_ffn and not self.fused_gate_up else ()
         return ("attn_norm.weight", *attn, *qk_norm, "attn_output.weight", *ffn_norm, *gate,
                 "ffn_up.weight", "ffn_down.weight", *post)
+
+    def llama_cpp_attn_scale(self, n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float:
+        """The q·k scale llama.cpp computes for this architecture (it reads no key for it)."""
+        return 1 / math.sqrt(d_model // n_heads if n_layers in self.attn_scale_width_layers else head_dim)
 
     def layout_rule(self, hf_name: str) -> str | None:
         """The export layout rule for HF tensor ``hf_name`` (None: stored as is)."""
@@ -169,7 +196,7 @@ _FALCON_COMMON = dict(
     llama_cpp_ffn_activation="gelu",
     export_model_types=("falcon", "RefinedWebModel", "RefinedWeb"),
     layout_rules=(("falcon_qkv", "self_attention.query_key_value"),),
-    gguf_hparams=("tensor_data_layout",),
+    gguf_hparams=("tensor_data_layout", "rope_scaling"),
 )
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -209,6 +236,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         # Mistral v0.1's window (every layer); llama.cpp's llama graph ignores the key and attends
         # to the whole context, aios-run applies it as transformers does
         sliding_window_key="sliding_window",
+        runtime_window=True,
         generated_tensors=("rope_freqs",),
         runtime=True,
         **_LLAMA_KEYS,
@@ -222,6 +250,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         default_activation="silu",
         rope="neox",
         export_model_types=("qwen2",),
+        gguf_hparams=("rope_scaling",),
         runtime=True,
         **{**_LLAMA_KEYS, "layout_rules": ()},
     ),
@@ -235,7 +264,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         rope="neox",
         qk_norm=True,
         export_model_types=("qwen3",),
-        gguf_hparams=("key_value_length",),
+        gguf_hparams=("key_value_length", "rope_scaling"),
         runtime=True,
         **{**_LLAMA_KEYS, "layout_rules": ()},
     ),
@@ -257,10 +286,16 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         final_softcap_key="final_logit_softcapping",
         sliding_window_key="sliding_window",
         swa_pattern=6,
+        runtime_window=True,
+        llama_cpp_window=True,  # no window key: no local layers at all
+        reads_local_rope=True,
+        local_rope_base_default=10000.0,  # llama_hparams' default, not the global base
+        local_rope_scaled=False,  # rope_freq_scale_train_swa keeps its default, 1
+        attn_scale_width_layers=(62,),  # 27B
         llama_cpp_ffn_activation="gelu_pytorch_tanh",
         export_model_types=("gemma3_text",),
         gguf_hparams=("key_value_length", "sliding_window", "rope_freq_base_swa",
-                      "final_logit_softcapping", "attention_scale"),
+                      "final_logit_softcapping", "attention_scale", "rope_scaling"),
         runtime=True,
         **{**_LLAMA_KEYS, "layout_rules": (("plus_one", "norm.weight"),)},
     ),
@@ -280,11 +315,18 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         embed_scale=True,
         sliding_window_key="sliding_window",
         swa_pattern=2,
+        runtime_window=True,
+        llama_cpp_window=True,
+        swa_default_window=4096,
+        reads_local_rope=True,  # missing: the global base and scale
+        attn_softcap_default=50.0,
+        final_softcap_default=30.0,
+        attn_scale_width_layers=(46,),  # 27B
         llama_cpp_ffn_activation="gelu_pytorch_tanh",
         rope="neox",
         export_model_types=("gemma2",),
         gguf_hparams=("key_value_length", "sliding_window", "attn_logit_softcapping",
-                      "final_logit_softcapping", "attention_scale"),
+                      "final_logit_softcapping", "attention_scale", "rope_scaling"),
         runtime=True,
         **{**_LLAMA_KEYS, "layout_rules": (("plus_one", "norm.weight"),)},
     ),
@@ -312,7 +354,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         sliding_window_key="sliding_window",  # llama.cpp runs phi3 without it; so does the export
         spm_control_tokens_rstrip=True,
         export_model_types=("phi3",),
-        gguf_hparams=("rope_dimension_count",),
+        gguf_hparams=("rope_dimension_count", "rope_scaling"),
         runtime=True,
     ),
     Architecture(

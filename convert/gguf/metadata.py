@@ -87,10 +87,30 @@ def _attn_logit_softcapping(w, handle: ModelHandle) -> None:
 
 def _attention_scale(w, handle: ModelHandle) -> None:
     """Only when q·k is not scaled by 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar); llama.cpp
-    derives the scale from the model size instead, aios-run reads this key."""
+    derives the scale from the model size instead (the export says so when the two differ:
+    ``llama_cpp_divergences``), aios-run reads this key."""
     qpas = handle.config.get("query_pre_attn_scalar")
     if qpas and int(qpas) != handle.facts.head_dim:
         w.add_float32("aios.attention.scale", float(qpas) ** -0.5)
+
+
+def llama_cpp_divergences(handle: ModelHandle) -> list[str]:
+    """One line per key the export writes that llama.cpp ignores, so that it computes this model
+    differently from aios-run and transformers (its defaults: the row's fields)."""
+    f, arch, notes = handle.facts, handle.arch, []
+    qpas = handle.config.get("query_pre_attn_scalar")
+    if "attention_scale" in arch.gguf_hparams and qpas and int(qpas) != f.head_dim:
+        theirs = arch.llama_cpp_attn_scale(f.n_layers, f.d_model, f.n_heads, f.head_dim)
+        if abs(theirs * float(qpas) ** 0.5 - 1) > 1e-6:
+            notes.append(f"llama.cpp ignores aios.attention.scale (1/sqrt({qpas}), query_pre_attn_scalar) and scales "
+                         f"q·k of a {f.n_layers}-layer {arch.gguf_arch.lower()} by 1/sqrt({round(theirs ** -2)}): its "
+                         "logits will differ from aios-run's and transformers'")
+    window = handle.config.get(arch.sliding_window_key or "sliding_window")
+    if "sliding_window" in arch.gguf_hparams and window and not arch.llama_cpp_window and (
+            not _layer_types(handle) or "sliding_attention" in _layer_types(handle)):
+        notes.append(f"llama.cpp ignores {arch.gguf_arch.lower()}.attention.sliding_window ({window}) and attends to "
+                     f"the whole context: past {window} tokens its logits will differ from aios-run's and transformers'")
+    return notes
 
 
 # Architecture keys a row may ask for (``Architecture.gguf_hparams``), in the order written.
@@ -176,6 +196,7 @@ def aios_metadata(handle: ModelHandle, outtype: str, fallbacks: list[str], prove
                "from the source folder")
         warnings.append(msg)
         meta["aios.runtime.note"] = msg
+    warnings += llama_cpp_divergences(handle)
     if masks:
         kept = [float(m.mean()) for m in masks.values()]
         header = sparsity.sparsity_map_header(sparsity_map) if sparsity_map else {}
