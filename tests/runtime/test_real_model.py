@@ -59,6 +59,7 @@ def _ffn_up_layer0(path):
     """llama.cpp's layer-0 FFN input and its Q5_0 up projection (one batch of PROMPT)."""
     from aios.reference import llamacpp
 
+    pytest.importorskip("llama_cpp")
     t = llamacpp.graph_tensors(path, PROMPT, {"ffn_norm-0", "ffn_up-0"}, n_threads=2, type_k=0, type_v=0).value
     return t["ffn_norm-0"].reshape(len(PROMPT), -1), t["ffn_up-0"].reshape(len(PROMPT), -1)
 
