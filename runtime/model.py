@@ -140,8 +140,8 @@ def read_hparams(store, row: Architecture, n_ctx: int | None) -> HParams:
     n_heads = int(f("attention.head_count"))
     d_model = int(f("embedding_length"))
     hd = int(f("attention.key_length", d_model // n_heads))  # explicit when heads·hd != d_model
-    hd_v = int(f("attention.value_length", d_model // n_heads))  # llama.cpp: not the key length
-    if hd_v != hd:
+    hd_v = _number(f("attention.value_length", d_model // n_heads), arch, "attention.value_length")
+    if hd_v != hd:  # (absent: d_model / heads in llama.cpp, not the key length)
         raise InvalidModelError(f"'{arch}.attention.value_length' is {hd_v} (d_model / heads when absent) and the "
                                 f"key length {hd}: aios-run needs equal key and value head sizes.")
     n_layers = int(f("block_count"))
@@ -184,12 +184,24 @@ def _rope_freq_scale(f, arch: str) -> float:
     """llama.cpp's ``rope_freq_scale``: 1 / ``rope.scaling.factor`` (or the older
     ``rope.scale_linear``) for linear scaling, the type's default; 1 for type "none" or no factor.
     Other types (YaRN, LongRoPE) change the rotation itself: refused."""
-    kind = str(f("rope.scaling.type", "linear"))
+    kind = f("rope.scaling.type", "linear")
     if kind not in ("linear", "none"):
-        raise UnsupportedArchitectureError(f"'{arch}.rope.scaling.type' is '{kind}'; aios-run runs linear RoPE "
+        raise UnsupportedArchitectureError(f"'{arch}.rope.scaling.type' is {kind!r}; aios-run runs linear RoPE "
                                            "scaling (and Llama 3.1's rope_freqs) only.")
-    factor = float(f("rope.scaling.factor", 0.0) or f("rope.scale_linear", 0.0) or 0.0)
+    key = "rope.scaling.factor" if f("rope.scaling.factor") is not None else "rope.scale_linear"
+    factor = _number(f(key, 0.0), arch, key, float)
+    if factor < 0:
+        raise InvalidModelError(f"'{arch}.{key}' is {factor!r}; the runtime needs a positive number.")
     return 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
+
+
+def _number(v, arch: str, key: str, kind: type = int):
+    """``v`` as ``kind`` (a key ``gguf_checks.check_hparams`` does not check), or one sentence."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (kind is float or v > 0)
+    if not ok or (kind is int and v != int(v)):
+        raise InvalidModelError(f"'{arch}.{key}' is {v!r}; the runtime needs "
+                                f"{'a positive integer' if kind is int else 'a finite number'}.")
+    return kind(v)
 
 
 def _swa_layers(pattern, window: int, n_layers: int, row: Architecture) -> tuple[bool, ...]:

@@ -218,3 +218,14 @@ def test_rope_scaling_types_aios_run_does_not_run_are_refused(exports, tmp_path)
                    add={"llama.rope.scaling.type": "yarn"})
     with pytest.raises(AiosError, match="rope.scaling.type' is 'yarn'"):
         Model(yarn)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("llama.attention.value_length", "16", "value_length' is '16'; the runtime needs a positive integer"),
+    ("llama.rope.scaling.factor", "2", "factor' is '2'; the runtime needs a finite number"),
+])
+def test_a_lying_key_read_for_the_defaults_is_one_sentence(exports, tmp_path, key, value, message):
+    path, _ = exports("llama")
+    bad = rewrite(path, tmp_path / "bad.gguf", drop_keys={key}, add={key: value})
+    with pytest.raises(AiosError, match=message):
+        Model(bad)
