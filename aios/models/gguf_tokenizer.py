@@ -25,6 +25,7 @@ from pathlib import Path
 PHI3_NO_RSTRIP = ("<unk>", "<s>", "<|endoftext|>")
 SENTENCEPIECE = "llama"  # tokenizer.ggml.model of a SentencePiece vocabulary (llama.cpp's name)
 CONTROL = 3  # gguf.TokenType.CONTROL
+USER_DEFINED = 4  # gguf.TokenType.USER_DEFINED
 BYTE_LEVEL = "gpt2"  # tokenizer.ggml.model of a byte-level BPE vocabulary (llama.cpp's name)
 # tokenizer.ggml.pre names for which llama.cpp's llama_vocab::impl::load (src/llama-vocab.cpp,
 # llama.cpp as vendored by llama-cpp-python 0.3.36) sets ignore_merges = true
@@ -44,6 +45,7 @@ def load_gguf_tokenizer(path: str | Path):
     with transformers_reads_gguf_fast():
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     _phi3_chat_tokens_rstrip(tok, path)
+    _user_defined_tokens_whole(tok, reader)
     _ignore_merges(tok, reader)
     return tok
 
@@ -71,6 +73,36 @@ def _phi3_chat_tokens_rstrip(tok, path: Path) -> None:
     if strip:
         added = [AddedToken(t, rstrip=True, normalized=False, special=True) for t in strip]
         tok.add_special_tokens({"additional_special_tokens": added}, replace_extra_special_tokens=False)
+
+
+def _user_defined_tokens_whole(tok, reader) -> None:
+    """Every user-defined token of a SentencePiece vocabulary is matched in the raw text before
+    the model's merges, as llama.cpp's ``tokenizer_st_partition`` matches it. transformers' GGUF
+    conversion leaves out the whitespace-only ones (Gemma 3's runs of 2-31 spaces or tabs), so a
+    run of 33 spaces became merges 16 + 17 instead of llama.cpp's 31 + 2."""
+    if _field(reader, "tokenizer.ggml.model") != SENTENCEPIECE:
+        return
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    types = _field(reader, "tokenizer.ggml.token_type")
+    have = {str(t) for t in tok.added_tokens_decoder.values()}
+    vocab = tok.get_vocab()
+    added = []
+    for i, (t, k) in enumerate(zip(tokens, types)):
+        if k != USER_DEFINED or t in have:
+            continue
+        from tokenizers import AddedToken
+
+        # the converted vocabulary spells spaces as SentencePiece's "▁": such a token is matched
+        # after the normalizer (which writes "▁" for " ") under its stored spelling, so it keeps its id
+        piece = t.replace(" ", "\u2581")
+        if vocab.get(t) == i:
+            added.append(AddedToken(t, normalized=False, special=False))
+        elif vocab.get(piece) == i:
+            added.append(AddedToken(piece, normalized=True, special=False))
+    if added:
+        n = len(tok)
+        tok.add_tokens(added)
+        assert len(tok) == n, "a user-defined token must keep its vocabulary id"
 
 
 def _ignore_merges(tok, reader) -> None:
