@@ -67,11 +67,15 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
 @click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP)
 @click.option("--arithmetic", type=click.Choice(ARITHMETICS), default=ARITHMETICS[0], show_default=True,
               help=ARITHMETIC_HELP)
+@click.option("--chat", is_flag=True, help="Send the prompt as a user turn through the GGUF's chat template "
+              "and print the reply alone; stops at the end of the turn.")
+@click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A Jinja chat template file to use instead of the GGUF's (implies --chat).")
 def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer,
-             threads, arithmetic) -> None:
+             threads, arithmetic, chat, chat_template) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
     from runtime.bench import decode_mb_per_token, model_arithmetic
-    from runtime.generate import Sampling, load_tokenizer
+    from runtime.generate import Sampling, chat_prompt, load_tokenizer, stop_ids
     from runtime.generate import generate as gen
     from runtime.kernels import set_arithmetic, set_threads
     from runtime.model import Model
@@ -85,13 +89,22 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     t0 = time.perf_counter()
     m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
     tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
-    ids = tok(prompt)["input_ids"]
+    chat = chat or chat_template is not None
+    if chat:  # the template writes BOS and the turn markers itself
+        text = chat_prompt(tok, prompt, Path(chat_template).read_text() if chat_template else None)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tok(prompt)["input_ids"]
     if ids:  # load numba's compiled kernels outside the timed prefill (one token, then forgotten)
         m.forward(list(ids[:1]))
         m.reset()
     load_s = time.perf_counter() - t0
-    out, tm = gen(m, list(ids), n_tokens, chunk=chunk, sampling=Sampling(temperature, top_k, top_p, seed))
-    console.print(prompt + tok.decode(out), soft_wrap=True)
+    out, tm = gen(m, list(ids), n_tokens, chunk=chunk, sampling=Sampling(temperature, top_k, top_p, seed),
+                  eos=stop_ids(tok) if chat else None)
+    if chat:
+        console.print(tok.decode(out, skip_special_tokens=True), soft_wrap=True, markup=False, highlight=False)
+    else:
+        console.print(prompt + tok.decode(out), soft_wrap=True, markup=False, highlight=False)
     if tm.generated == 0:  # no decode step: there is no per-token figure to report
         console.print(f"[dim]{len(ids)} prompt tokens at {tm.prefill_tps:.1f} tok/s; no decode step ran (the "
                       f"first token comes from the prefill), so no MB/token or decode speed was measured: "

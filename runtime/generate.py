@@ -61,6 +61,35 @@ def load_tokenizer(gguf_path: Path, tokenizer_dir: Path | None = None):
         ) from e
 
 
+# end-of-turn tokens llama.cpp also ends generation on, by text (llama-vocab.cpp's EOG list)
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>", "<|eom_id|>",
+               "<|return|>", "<|call|>", "</s>")
+
+
+def chat_prompt(tok, prompt: str, template: str | None = None) -> str:
+    """``prompt`` as one user turn of the model's chat, ready for the reply: the GGUF's own
+    ``tokenizer.chat_template`` (or ``template``, a Jinja text) rendered with the generation
+    prompt, special tokens as text (tokenize it without adding BOS: the template writes it)."""
+    template = template or getattr(tok, "chat_template", None)
+    if not template:
+        raise UsageError("This model's GGUF has no chat template (tokenizer.chat_template); pass "
+                         "--chat-template FILE with a Jinja chat template, or drop --chat.")
+    try:
+        return tok.apply_chat_template([{"role": "user", "content": prompt}], chat_template=template,
+                                       add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja2's TemplateError and friends: the template is the user's input
+        raise UsageError(f"The chat template does not render: {str(e).splitlines()[0][:160]}.") from e
+
+
+def stop_ids(tok) -> set[int]:
+    """The ids that end a reply: EOS and the vocabulary's end-of-turn tokens."""
+    vocab = tok.get_vocab()
+    ids = {vocab[t] for t in END_OF_TURN if t in vocab}
+    if tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    return ids
+
+
 @dataclass
 class Timing:
     prompt_tokens: int = 0
@@ -81,8 +110,10 @@ class Timing:
 
 
 def generate(model: Model, prompt_ids: list[int], n: int, *, chunk: int = 64,
-             sampling: Sampling = Sampling(), eos: int | None = None) -> tuple[list[int], Timing]:
-    """Prefill ``prompt_ids`` in chunks, then decode ``n`` tokens; bytes counted per phase."""
+             sampling: Sampling = Sampling(), eos: int | set[int] | None = None) -> tuple[list[int], Timing]:
+    """Prefill ``prompt_ids`` in chunks, then decode ``n`` tokens (fewer when one of ``eos`` comes,
+    which is kept as the last token); bytes counted per phase."""
+    stop = {eos} if isinstance(eos, int) else set(eos or ())
     if not prompt_ids:
         raise UsageError("The prompt is empty after tokenization.")
     if chunk <= 0 or n < 0:
@@ -107,7 +138,7 @@ def generate(model: Model, prompt_ids: list[int], n: int, *, chunk: int = 64,
     for _ in range(n):
         tok = sample(logits[-1], sampling, rng)  # type: ignore[index]
         out.append(tok)
-        if eos is not None and tok == eos:
+        if tok in stop:
             break
         if len(out) == n:
             break
