@@ -104,15 +104,19 @@ def check_model(
                        keep_model=base is not None)
     results: dict[str, RequirementResult] = {}
     for rid, fn in CHECKS:
+        t = time.perf_counter()
         try:
-            results[rid] = fn(handle, ctx)
+            res = fn(handle, ctx)
         except AiosError:
             raise
         except Exception as e:  # a bug or an unexpected model quirk: report, don't crash the gate
-            results[rid] = RequirementResult(
+            res = RequirementResult(
                 id=rid, title=rid, status=Status.error, summary=f"{rid} check failed: {e.__class__.__name__}: {e}",
                 criterion="", evidence=Evidence.declared, reason=str(e),
             )
+        # each requirement's wall time, loading what it is the first to need included, so the slow
+        # part of a check is visible (report JSON, JUnit, the terminal's last line)
+        results[rid] = res.model_copy(update={"seconds": round(time.perf_counter() - t, 3)})
     if base is not None:
         model_tok = ctx.cache.pop("torch_model", (None, None))
         quality: Quality | None = measured_quality(

@@ -53,8 +53,17 @@ def print_check(report: CheckReport, console: Console) -> None:
     for line in quality_lines(report):
         console.print(line, markup=False)
     g = report.gate
+    console.print(time_split(report), markup=False)
     console.print(f"[bold]Tier: {report.tier_name}[/] · gate: {g.reason} · exit {g.exit_code} "
                   f"· {report.seconds:.1f} s")
+
+
+def time_split(report: CheckReport) -> str:
+    """Where a check's time went: "Time: R1 9.8 s, R3 3.1 s; the others < 0.1 s each"."""
+    slow = [r for r in report.requirements if r.seconds >= 0.05]
+    parts = ", ".join(f"{r.id} {r.seconds:.1f} s" for r in slow) or "every requirement < 0.1 s"
+    rest = "; the others < 0.1 s each" if 0 < len(slow) < len(report.requirements) else ""
+    return f"Time: {parts}{rest}"
 
 
 def claim_note(report: CheckReport) -> str:

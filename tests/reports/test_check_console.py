@@ -48,3 +48,19 @@ def test_check_json_prints_the_report(lm):
     res = CliRunner().invoke(main, ["check", str(lm("falcon")), "--samples", "2", "--max-tokens", "8", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["model"]["architecture"] == "falcon"
+
+
+def test_the_last_line_names_the_requirements_that_took_time(tmp_path):
+    """`check` says where its time went: each requirement's wall time is in the report (JSON,
+    JUnit) and the terminal's last line names those that took 0.1 s or more."""
+    from contract.check import check_model
+    from reports.check_reports import time_split
+
+    report = check_model("tiny-falcon", samples=2, max_tokens=32)
+    assert all(r.seconds >= 0 for r in report.requirements)
+    r1 = next(r for r in report.requirements if r.id == "R1")
+    assert r1.seconds > 0  # R1 runs the model
+    assert sum(r.seconds for r in report.requirements) <= report.seconds
+    split = time_split(report)
+    assert split.startswith("Time: ") and f"R1 {r1.seconds:.1f} s" in split
+    assert "R2" not in split  # R2 is arithmetic from the config
