@@ -25,6 +25,7 @@ from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageEr
 from aios.evaluation import TokenSet, file_tokens, pydoc_split
 from aios.io import hash_file, write_atomic
 from aios.models import ModelHandle, resolve_model
+from aios.models.from_gguf import gguf_source_of, hf_source
 from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
@@ -148,6 +149,11 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
         progress = _quiet
     per_rank, accum, micro = eng.batch_plan(cfg.batch, dist.world, micro_batch)
     handle = resolve_model(model_spec)
+    if handle.kind == "gguf" and handle.has_weights:  # a llama.cpp file: its dequantized HF twin, made once
+        if dist.is_main:
+            hf_source(handle, lambda m: progress("phase", message=m))
+        dist.barrier()
+        handle = hf_source(handle)
     _check_source(handle)
     tokenizer = handle.load_tokenizer()
     source = _source(tokenizer, train_data, cfg, dist)
@@ -316,7 +322,8 @@ def _provenance(handle, cfg, act_key, identity, source, heldout, calib, metrics,
         "tool_version": __version__,
         "contract_version": CONTRACT_VERSION,
         "source": {"model": handle.spec, "name": handle.name, "architecture": handle.arch.name,
-                   "activation": handle.facts.activation, "sha256": identity["source_sha256"]},
+                   "activation": handle.facts.activation, "sha256": identity["source_sha256"],
+                   **({"gguf": g} if (g := gguf_source_of(handle.path)) else {})},
         "result": {"activation": cfg.activation, "config_key": act_key,
                    "applied_to": (f"gate projection ({handle.arch.ffn_gate or handle.arch.ffn_up}); "
                                   "the product act(gate)·up has exact zeros")

@@ -20,11 +20,19 @@ import numpy as np
 from aios.errors import UsageError
 from aios.models import ModelHandle, resolve_model
 from aios.models.alias_format import groups_of
+from aios.models.from_gguf import hf_source
 from convert.gguf import sparsity
 from convert.gguf import tensors as gt
 from convert.gguf.metadata import aios_metadata, provenance, sparse_down_metadata
-from convert.gguf.plan import (ExportPlan, GGUFExportConfig, PlannedTensor, check_exportable,
-                               fallback_lines, neuron_major_down, plan_tensors)
+from convert.gguf.plan import (
+    ExportPlan,
+    GGUFExportConfig,
+    PlannedTensor,
+    check_exportable,
+    fallback_lines,
+    neuron_major_down,
+    plan_tensors,
+)
 from convert.gguf.tokenizer import read_tokenizer
 from convert.gguf.writer import Progress, write_plan
 
@@ -71,6 +79,7 @@ def export_gguf(model: str | ModelHandle, output: str | Path, config: GGUFExport
     """Export ``model`` to ``output``; with ``dry_run`` only plan and report."""
     check_outtype(config.outtype)
     handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    handle = hf_source(handle, None if progress is None else lambda message: progress(0, 1, message))
     check_exportable(handle)
     if groups_of(handle):
         raise UsageError(

@@ -24,6 +24,7 @@ from aios import CONTRACT_VERSION, __version__
 from aios.io import sha256_file
 from aios.models import ModelHandle
 from aios.models.architectures import activation_family
+from aios.models.from_gguf import gguf_source_of
 from convert.gguf import sparsity
 from convert.gguf import tensors as gt
 from convert.gguf.plan import GGUFExportConfig, rope_parameters
@@ -258,7 +259,8 @@ def provenance(handle: ModelHandle, config: GGUFExportConfig | None = None, *,
              if (folder / n).is_file()}
     return {"tool": "aios-toolchain", "tool_version": __version__, "command": command,
             "source": {"name": handle.name, "kind": handle.kind, "architecture": handle.arch.name,
-                       "weights": files, "sha256": small},
+                       "weights": files, "sha256": small,
+                       **({"gguf": g} if (g := gguf_source_of(folder)) else {})},
             "converter_config": converter_config}
 
 
