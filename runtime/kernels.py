@@ -32,7 +32,9 @@ Arithmetic of the 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), p
 llama.cpp does: each activation row is quantized once per matmul to int8 blocks of 32 with a
 float scale per block (ggml's quantize_row_q8_0), and each weight block meets it in an integer
 dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR elsewhere,
-picked from the CPU's features when numba compiles), scaled by d_w·d_x in float. Its error is
+picked from the CPU's features when numba compiles), scaled by d_w·d_x in float; Q8_0, Q4_0 and
+Q5_0 (``BLOCKWISE``) in ggml's order of float operations, so on x86 their matmuls equal llama.cpp's
+bit for bit (its plain CPU buffers; one token and a batch alike). Its error is
 the activations' 8-bit rounding (~0.5 % of Y, tested ≤ 1 %). "float" decodes each block to
 float and multiplies the float activations: exact to float32 rounding, what the parity tests
 compare with gguf-py's dequantized weights (``mm_block`` is always this path). The K-quants
@@ -542,6 +544,12 @@ B32_QS = {"q8_0": 2, "q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8, "iq4_nl": 2}
 B32_AFFINE = {"q4_1", "q5_1"}
 B32_OFFSET = {"q4_0": 8, "q5_0": 16}  # subtracted from the stored unsigned quants
 B32_SIGNED = {"q8_0", "iq4_nl"}  # quants stored as signed values
+# the types whose int8 kernel sums as ggml's does, bit for bit (its vec_dot_*_q8_0 for one token
+# and llamafile's tinyBLAS_Q0_AVX for a batch, on x86 alike): each block's signed Σ q_w·q_x in 8
+# int32 lanes of 4 products (lane l: values 4l..4l+3), converted, fma'd with f32(d_w·d_x) into 8
+# float lanes, one block after another, then _hsum. IQ4_NL is not: ggml's one-token dot keeps
+# two accumulators (even and odd blocks) where its batch keeps one.
+BLOCKWISE = ("q8_0", "q4_0", "q5_0")
 assert B32_BYTES == {t: B32_QS[t] + (QK if t == "q8_0" else QK // 2) for t in B32}
 # ggml's non-linear 4-bit value table (ggml-common.h kvalues_iq4nl; gguf-py's IQ4_NL.kvalues)
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -673,12 +681,15 @@ dot4_q5_0, dot4_q5_1, dot4_iq4_nl = _dot4_b32("q5_0"), _dot4_b32("q5_1"), _dot4_
 # one fp16 scale d_x per block (ggml's quantize_row_q8_0; ``quantize_activations``), so a block's
 # contribution is d_w·d_x·Σ q_w·q_x with Σ q_w·q_x exact in int32. The integer dot multiplies
 # unsigned by signed bytes (the shape of x86's vpdpbusd / pmaddubsw): Q8_0 and IQ4_NL as
-# (q_x+128)·q_w − 128·q_w with VNNI, |q_w| · (sign(q_w)·q_x) with pmaddubsw, which saturates (q_x
-# is never −128); the 4/5-bit types as their stored unsigned quant n · q_x with the offset
-# (Q4_0 8, Q5_0 16) or minimum (Q4_1/Q5_1) added once per block as −8·d_w·s_x or m_w·s_x,
+# (q_w+128)·q_x − 128·q_x with VNNI, |q_w| · (sign(q_w)·q_x) with pmaddubsw, which saturates (q_x
+# is never −128); Q4_0 / Q5_0 with VNNI as their stored unsigned n = q_w + offset (8, 16) times
+# q_x less offset·q_x in the integer lanes, with pmaddubsw by the sign trick on n − offset; the
+# affine types (Q4_1/Q5_1) as n · q_x with the minimum added once per block as m_w·s_x,
 # s_x = d_x·Σ q_x (ggml's Q8_1 sum). Two blocks go through one 64-byte integer dot, giving
-# <16 x i32> (each lane four products of one block), one int → float conversion and one
-# multiply-add by the pair's d_w·d_x.
+# <16 x i32> (each lane four products of one block) and one int → float conversion. BLOCKWISE
+# types (Q8_0, Q4_0, Q5_0) then sum as ggml: per block one fma by d_w·d_x into 8 float lanes,
+# block after block (AVX-512: two rows' 8 lanes in one zmm); the others multiply the 16 lanes
+# by the pair's d_w·d_x and add (AVX-512: four blocks per step, ``_quad_quants``).
 #
 # LLVM does not form vpdpbusd from plain IR (measured: <32 x i8> sext/mul/add patterns compiled
 # to vpmullw + vphaddw + vpmovsxwd, slower than the float path), so the instruction is chosen
@@ -782,14 +793,30 @@ def _lookup16_pshufb(b, n, how):
     return _concat(b, _lookup16(b, _split(b, n, 0, 32)), _lookup16(b, _split(b, n, 32, 32)))
 
 
-def _pair_quants(b, fmt, p, base, how):
+def _pair_quants(b, fmt, p, base, how, natural=False):
     """<64 x i8>: blocks a (at ``base``) and b (the next) as the integer dot's first operand:
-    Q8_0 in natural order (a's 32 then b's 32), the 4/5-bit types in PAIR_ORDER without their
-    offset (unsigned nibbles, IQ4_NL's table values signed)."""
+    Q8_0 in natural order (a's 32 then b's 32), the 4/5-bit types in PAIR_ORDER (``natural``:
+    in natural order too) without their offset (unsigned nibbles, IQ4_NL's table values signed)."""
     ty = base.type
-    if fmt == "q8_0":
-        return _concat(b, _b32_quants(b, fmt, p, base), _b32_quants(b, fmt, p, b.add(base, _c(ty, B32_BYTES[fmt]))))
     nb = B32_BYTES[fmt]
+    if fmt == "q8_0":
+        return _concat(b, _b32_quants(b, fmt, p, base), _b32_quants(b, fmt, p, b.add(base, _c(ty, nb))))
+    if natural:  # each block's low nibbles then its high ones: values 0-31 of a, then of b
+        V16I8 = ir.VectorType(I8, 16)
+        qs = [_vload(b, p, b.add(base, _c(ty, B32_QS[fmt] + nb * h)), V16I8, 1) for h in (0, 1)]
+        packed = _concat(b, qs[0], qs[1])  # one AND and one shift on both blocks, one 128-bit shuffle
+        lo, hi = b.and_(packed, _c(V32I8, [15] * 32)), b.lshr(packed, _c(V32I8, [4] * 32))
+        n = b.shuffle_vector(lo, hi, _c(ir.VectorType(I32, 64), list(range(16)) + list(range(32, 48))
+                                        + list(range(16, 32)) + list(range(48, 64))))
+        if fmt == "iq4_nl":
+            return _lookup16_pshufb(b, n, how)
+        if fmt in ("q5_0", "q5_1"):  # the fifth bits: qh of a then of b, one 64-lane mask
+            I64 = ir.IntType(64)
+            qh = [b.zext(b.load(b.bitcast(b.gep(p, [b.add(base, _c(ty, B32_QS[fmt] - 4 + nb * h))]), I32.as_pointer()),
+                                align=1), I64) for h in (0, 1)]
+            mask = b.bitcast(b.or_(qh[0], b.shl(qh[1], _c(I64, 32))), ir.VectorType(ir.IntType(1), 64))
+            n = b.or_(n, b.select(mask, _c(V64I8, [16] * 64), _c(V64I8, [0] * 64)))
+        return n
     V16I8 = ir.VectorType(I8, 16)
     qs = [_vload(b, p, b.add(base, _c(ty, B32_QS[fmt] + nb * h)), V16I8, 1) for h in (0, 1)]
     packed = _concat(b, qs[0], qs[1])
@@ -920,8 +947,12 @@ def _zeros_f32(k, lanes=16):  # a struct of k zero <lanes x float>
 def _dot4_b32_int_codegen(fmt):
     nbytes = B32_BYTES[fmt]
     affine = fmt in B32_AFFINE
-    shifted = affine or fmt in B32_OFFSET  # a per-block term m_w·s_x or −offset·d_w·s_x
+    # the Q8_0 partners as ggml sums them (BLOCKWISE): each block's signed integer dot in 8 lanes,
+    # fma'd block after block; the affine types: the minimum a per-block float term m_w·s_x
+    blockwise = fmt in BLOCKWISE
+    shifted = affine  # a per-block term m_w·s_x
     signed = fmt in B32_SIGNED
+    offset = B32_OFFSET.get(fmt, 0)  # Q4_0 / Q5_0: the stored n is the value + offset
     chunk_blocks = 16  # as _dot4_b32_codegen: 16 blocks' scales converted at once
     nacc = 2 * ROWS if shifted else ROWS  # ROWS × Σ d_w·d_x·(int sums), then ROWS × the shift terms
 
@@ -935,8 +966,10 @@ def _dot4_b32_int_codegen(fmt):
         nb = args[2 * ROWS + 3]
         ity = nb.type
 
-        def operands(w, x):  # (unsigned, signed) bytes whose products are q_w·q_x (before the offset)
-            if not signed:
+        def operands(w, x):  # (unsigned, signed) bytes whose products are q_w·q_x
+            if offset:  # the stored unsigned n to the signed value n − offset
+                w = builder.sub(w, _c(w.type, [offset] * w.type.count))
+            elif not signed:
                 return w, x
             neg = builder.icmp_signed("<", w, _c(w.type, [0] * w.type.count))
             zero = _c(w.type, [0] * w.type.count)
@@ -945,13 +978,40 @@ def _dot4_b32_int_codegen(fmt):
         def add_to(accs, j, v):
             return builder.insert_value(accs, builder.fadd(builder.extract_value(accs, j), v, flags=FAST), j)
 
-        def shift_w(j, base):  # the field multiplying s_x: m_w (affine) or −offset·d_w
-            if affine:
-                return _f16_at(builder, ws[j], builder.add(base, _c(ity, 2)))
-            return builder.fmul(_f16_at(builder, ws[j], base), _c(F32, -float(B32_OFFSET[fmt])), flags=FAST)
+        def shift_w(j, base):  # the field multiplying s_x: m_w
+            return _f16_at(builder, ws[j], builder.add(base, _c(ity, 2)))
 
-        biased = signed and how in ("avx512vnni", "avxvnni")
+        # with VNNI (vpdpbusd: unsigned · signed bytes, no saturation), the signed weights as
+        # unsigned n = q_w + bias (Q8_0 / IQ4_NL q_w xor 0x80, Q4_0 / Q5_0 their stored n) and
+        # each lane started from −bias·Σ₄q_x: Σ₄ n·q_x − bias·Σ₄q_x = Σ₄ q_w·q_x exactly
+        bias = 128 if signed else offset
+        biased = bias and how in ("avx512vnni", "avxvnni")
         m128 = _c(V64I8, [-128] * 64)
+        mbias = _c(V64I8, [bias - 256 if bias > 127 else bias] * 64)
+
+        def unsigned_w(w):
+            return builder.xor(w, m128) if signed else w
+
+        # AVX-512: two rows' 8-lane accumulators side by side in one <16 x float> (rows 2k, 2k+1:
+        # accs[k]), so a pair of blocks costs two rows one 16-lane fma per block, after one
+        # 256-bit shuffle that puts the two rows' lanes of the block side by side
+        packed = blockwise and how == "avx512vnni"
+        natural = blockwise  # quants and x in value order: a pair's int lanes 0-7 block a's, 8-15 b's
+        units = ((0, 1), (2, 3))  # where block a's / b's int lanes 0-3 and 4-7 sit, in 4-lane units
+
+        def get8(accs, j):  # row j's 8 accumulator lanes
+            if not packed:
+                return builder.extract_value(accs, j)
+            v = builder.extract_value(accs, j // 2)
+            return builder.shuffle_vector(v, v, _c(ir.VectorType(I32, 8), list(range(8 * (j % 2), 8 * (j % 2) + 8))))
+
+        def set8(accs, j, a8):
+            if not packed:
+                return builder.insert_value(accs, a8, j)
+            v = builder.extract_value(accs, j // 2)
+            w16 = builder.shuffle_vector(a8, a8, _c(V16I32, list(range(8)) * 2))
+            idx = [16 + i if (i // 8) == j % 2 else i for i in range(16)]
+            return builder.insert_value(accs, builder.shuffle_vector(v, w16, _c(V16I32, idx)), j // 2)
 
         def pair_x(b0, u):
             # x for blocks b0+u, b0+u+1 of the chunk, in _pair_quants' order (permuted once for
@@ -962,24 +1022,43 @@ def _dot4_b32_int_codegen(fmt):
             # thread: 33.4 GB/s against 29.9.)
             blk = builder.add(b0, _c(ity, u))
             x = _vload(builder, xq, builder.mul(blk, _c(ity, QK)), V64I8, 1)
-            if fmt != "q8_0":
+            if fmt != "q8_0" and not natural:
                 x = builder.shuffle_vector(x, x, _c(ir.VectorType(I32, 64), PAIR_ORDER))
-            corr = builder.sub(_c(V16I32, [0] * 16), _idot_u8s8(builder, m128, x, how)) if biased else None
+            corr = builder.sub(_c(V16I32, [0] * 16), _idot_u8s8(builder, mbias, x, how)) if biased else None
             return x, corr
 
         def pair(b0, u, j, x, corr, accs, sv):
             # row j's blocks b0+u, b0+u+1; sv[j]: the chunk's d_w·d_x of row j
             blk = builder.add(b0, _c(ity, u))
-            lanes = [u] * 8 + [u + 1] * 8 if fmt == "q8_0" else ([u] * 4 + [u + 1] * 4) * 2
-            w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how)
+            lanes = [u] * 8 + [u + 1] * 8 if blockwise else ([u] * 4 + [u + 1] * 4) * 2
+            w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how, natural=natural)
             if biased:
-                isum = _idot_u8s8(builder, builder.xor(w, m128), x, how, acc=corr)
+                isum = _idot_u8s8(builder, unsigned_w(w), x, how, acc=corr)
             else:
                 isum = _idot_u8s8(builder, *operands(w, x), how)
             sc = builder.shuffle_vector(sv[j], sv[j], _c(V16I32, lanes))
-            if fmt == "q8_0":  # ggml's order: block u, then u+1, fused into the same 8 lanes
+            if blockwise:  # ggml's order: block u, then u+1, fused into the same 8 lanes
                 return fma8_blocks(accs, j, builder.sitofp(isum, V16F), sc, 2)
             return add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
+
+        def pair_isum(b0, u, j, x, corr):  # row j's <16 x i32> for blocks b0+u, b0+u+1
+            blk = builder.add(b0, _c(ity, u))
+            w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, _c(ity, nbytes)), how, natural=natural)
+            return _idot_u8s8(builder, unsigned_w(w), x, how, acc=corr)
+
+        def pair2(b0, u, k, x, corr, accs, sv):
+            # rows 2k, 2k+1, blocks b0+u, b0+u+1 (packed): per block the two rows' int lanes side by
+            # side (one vshuff32x4), converted, one fma by [d_w·d_x of row 2k ×8, of row 2k+1 ×8]
+            fma = _declare(builder, "llvm.fma.v16f32", V16F, [V16F] * 3)
+            p0, p1 = (builder.sitofp(pair_isum(b0, u, 2 * k + r, x, corr), V16F) for r in (0, 1))
+            a = builder.extract_value(accs, k)
+            for blk in (0, 1):
+                lo, hi = units[blk]
+                idx = [4 * lo + i for i in range(4)] + [4 * hi + i for i in range(4)]
+                v = builder.shuffle_vector(p0, p1, _c(V16I32, idx + [16 + i for i in idx]))
+                sc = builder.shuffle_vector(sv[2 * k], sv[2 * k + 1], _c(V16I32, [u + blk] * 8 + [16 + u + blk] * 8))
+                a = builder.call(fma, [sc, v, a])
+            return builder.insert_value(accs, a, k)
 
         def fma8_blocks(accs, j, p, sc, nblocks):
             # Q8_0 as ggml sums it (vec_dot_q8_0_q8_0 and tinyBLAS alike): per block, 8 lanes of
@@ -988,11 +1067,11 @@ def _dot4_b32_int_codegen(fmt):
             # hsum_float_8 does. Pairs summed 16 lanes wide gave another rounding.
             mod = builder.module
             fma = mod.globals.get("llvm.fma.v8f32") or ir.Function(mod, ir.FunctionType(V8F, [V8F] * 3), "llvm.fma.v8f32")
-            a8 = builder.extract_value(accs, j)
+            a8 = get8(accs, j)
             for k in range(nblocks):
                 idx = _c(ir.VectorType(I32, 8), list(range(8 * k, 8 * k + 8)))
                 a8 = builder.call(fma, [builder.shuffle_vector(p, p, idx), builder.shuffle_vector(sc, sc, idx), a8])
-            return builder.insert_value(accs, a8, j)
+            return set8(accs, j, a8)
 
         def chunk(c, accs):
             return chunk_at(builder.mul(c, _c(ity, chunk_blocks)), accs)
@@ -1032,24 +1111,27 @@ def _dot4_b32_int_codegen(fmt):
             dw = [f16s(j, 0) for j in range(ROWS)]
             dx = _vload(builder, xd, b0, V16F, 4)
             sv = [masked(builder.fmul(dw[j], dx, flags=FAST)) for j in range(ROWS)]
-            if shifted:  # lane u: block u's m_w·s_x or −offset·d_w·s_x
+            if shifted:  # lane u: block u's m_w·s_x
                 sx = _vload(builder, xs, b0, V16F, 4)
                 for j in range(ROWS):
-                    f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
-                                                               flags=FAST)
-                    accs = add_to(accs, ROWS + j, masked(builder.fmul(f, sx, flags=FAST)))
+                    accs = add_to(accs, ROWS + j, masked(builder.fmul(f16s(j, 1), sx, flags=FAST)))
             if quads:
                 return quads_of(b0, accs, sv)
             # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
             # registers than pair after pair across the rows (Q8_0 ÷ the same pages' read, 8
             # alternated rounds, two runs each: 0.918/0.904 against 0.884/0.897)
             xpairs = {u: pair_x(b0, u) for u in range(0, chunk_blocks, 2)}
+            if packed:
+                for k in range(ROWS // 2):
+                    for u in range(0, chunk_blocks, 2):
+                        accs = pair2(b0, u, k, *xpairs[u], accs, sv)
+                return accs
             for j in range(ROWS):
                 for u in range(0, chunk_blocks, 2):
                     accs = pair(b0, u, j, *xpairs[u], accs, sv)
             return accs
 
-        quads = how == "avx512vnni" and fmt != "q8_0"
+        quads = how == "avx512vnni" and not blockwise
 
         def quads_of(b0, accs, sv):
             # the chunk as four quads of blocks: per row and quad two vpdpbusd into the same
@@ -1087,7 +1169,7 @@ def _dot4_b32_int_codegen(fmt):
                 w = _concat(builder, _b32_quants(builder, fmt, ws[j], base, offset=False), z32)
                 isum = _idot_u8s8(builder, *operands(w, x), how)
                 sc = _splat(builder, builder.fmul(_f16_at(builder, ws[j], base), dx, flags=FAST), 16)
-                if fmt == "q8_0":
+                if blockwise:
                     accs = fma8_blocks(accs, j, builder.sitofp(isum, V16F), sc, 1)
                 else:
                     accs = add_to(accs, j, builder.fmul(builder.sitofp(isum, V16F), sc, flags=FAST))
@@ -1117,12 +1199,17 @@ def _dot4_b32_int_codegen(fmt):
                                          flags=FAST)
                         accs = add_to(accs, ROWS + j, builder.insert_element(zero16, t, _c(I32, u)))
                 sv.append(v)
+            if packed:
+                for k in range(ROWS // 2):
+                    accs = pair2(b, 0, k, x, corr, accs, sv)
+                return accs
             for j in range(ROWS):
                 accs = pair(b, 0, j, x, corr, accs, sv)
             return accs
 
         nchunk = builder.sdiv(nb, _c(ity, chunk_blocks))
-        accs = _loop(builder, nchunk, _zeros_f32(nacc, 8 if fmt == "q8_0" else 16), chunk)
+        accs = _loop(builder, nchunk, _zeros_f32(ROWS // 2, 16) if packed else _zeros_f32(nacc, 8 if blockwise else 16),
+                     chunk)
         # blocks past the last whole chunk: with nb >= 16, one more chunk ending at the row's
         # end, its blocks already counted masked (Falcon-7B's rows of 142 blocks: 8 chunks and
         # 14 blocks. The kernels alone, rows in L2, one AMD EPYC thread, against the 7 pairs:
@@ -1139,7 +1226,7 @@ def _dot4_b32_int_codegen(fmt):
         accs = _loop(builder, builder.select(whole, start, nb), accs, tail, start=start)
         out = []
         for j in range(ROWS):
-            v = builder.extract_value(accs, j)
+            v = get8(accs, j) if blockwise else builder.extract_value(accs, j)
             if shifted:
                 v = builder.fadd(v, builder.extract_value(accs, ROWS + j), flags=FAST)
             out.append(_hsum(builder, v))
@@ -2086,9 +2173,10 @@ def _quantize_q8_stored(X, affine):
 def quantize_activations(X, affine: bool = False):
     """X (T, k) as ggml's block_q8_0 / block_q8_1 on x86: (xq int8 (T, k), d (T, k/QK), s
     (T, k/QK)) with d rounded to fp16 as ggml stores it and s the block's Σx as ggml's dot products
-    see it: d·Σq for the Q8_0 partners (Q8_0, Q4_0, Q5_0, IQ4_NL: ggml subtracts the offset from
-    the quants, which is exactly −offset·d·Σq), and for the Q8_1 partners (``affine``: Q4_1,
-    Q5_1) the stored fp16 of d·Σq taken before d's rounding. The kernels read both as float32."""
+    see it: d·Σq for the Q8_0 partners (Q8_0, Q4_0, Q5_0, IQ4_NL; their kernels do not read it:
+    ggml subtracts Q4_0/Q5_0's offset from the quants, and so do the kernels, in the integer
+    lanes), and for the Q8_1 partners (``affine``: Q4_1, Q5_1) the stored fp16 of d·Σq taken
+    before d's rounding, which their kernels read as float32."""
     return _quantize_q8_stored(X, affine)
 
 

@@ -142,13 +142,13 @@ def _assert_layer0_equal(path, ids, names=("attn_norm-0", "Qcur-0", "Kcur-0", "V
                                       err_msg=name)
 
 
-def _q8_0(src, tmp_path):
+def _q8_0(src, tmp_path, preset="Q8_0"):
     from convert.gguf import GGUFExportConfig, export_gguf
     from tests.runtime.test_llamacpp_presets import quantize
 
-    f16, q8 = tmp_path / "m.f16.gguf", tmp_path / "m.Q8_0.gguf"
+    f16, q8 = tmp_path / "m.f16.gguf", tmp_path / f"m.{preset}.gguf"
     export_gguf(str(src), f16, GGUFExportConfig("f16"))
-    quantize(f16, q8, "Q8_0")
+    quantize(f16, q8, preset)
     return q8
 
 
@@ -165,6 +165,53 @@ def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
     # projection, whose blocks ggml sums one after another into the same 8 lanes
     _assert_layer0_equal(q8, heldout_ids(load_tokenizer(q8, FIXTURES_DIR / fixture), 64),
                          ("attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0", "ffn_out-0"))
+
+
+@pytest.mark.parametrize("preset", ["Q5_0", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("n", [1, 24])
+def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, arithmetic, monkeypatch):
+    """The offset types (Q5_0, as every Q4_K_M file holds; Q4_0) and Q8_0 on a d_model-256 llama
+    that llama.cpp quantized: its layer-0 matrices (V, up, gate, down, each on llama.cpp's own
+    input) equal llama.cpp's bit for bit, one token (its vec_dot_*_q8_0) and a batch (llamafile's
+    tinyBLAS_Q0_AVX): both sum each block's signed Σ q_w·q_x in 8 int32 lanes, one fma per block
+    (kernels.BLOCKWISE). On llama.cpp's plain CPU buffers (the crash injection forces them): where
+    its default buffers do not crash, Q4_0 runs its repacked layout (ggml_gemv_q4_0_8x8 ...),
+    which sums otherwise; Q5_0 has none."""
+    pytest.importorskip("llama_cpp")
+    import platform
+    import shutil
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("llama.cpp's ARM dot products sum in another order")
+    monkeypatch.setenv("AIOS_LLAMACPP_CRASH", "default")
+
+    import gguf
+
+    from aios.models.aliases import FIXTURES_DIR
+    from tests.conftest import build_hf_model
+
+    src = build_hf_model("llama", tmp_path / "tiny-d256", hidden_size=256, intermediate_size=512,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=2048)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-llama" / f, src / f)
+    path = _q8_0(src, tmp_path, preset)
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors if t.name.startswith("blk.0.")}
+    for name in ("attn_v", "ffn_up", "ffn_gate", "ffn_down"):
+        assert kinds[f"blk.0.{name}.weight"] == preset, kinds  # what the test is about
+    arithmetic("int8")
+    ids = list(range(5, 5 + n))
+    # each matrix on llama.cpp's own input: V on attn_norm, up and gate on ffn_norm, down on the
+    # SwiGLU (q and k are read only after RoPE)
+    from runtime.model import Model
+
+    names = {"attn_norm-0", "Vcur-0", "ffn_norm-0", "ffn_up-0", "ffn_gate-0", "ffn_swiglu-0", "ffn_out-0"}
+    theirs = {k: v.reshape(n, -1) for k, v in
+              llamacpp.graph_tensors(path, ids, names, n_threads=2, type_k=0, type_v=0).value.items()}
+    m = Model(path, n_ctx=64)
+    for name, x, y in (("attn_v", "attn_norm-0", "Vcur-0"), ("ffn_up", "ffn_norm-0", "ffn_up-0"),
+                       ("ffn_gate", "ffn_norm-0", "ffn_gate-0"), ("ffn_down", "ffn_swiglu-0", "ffn_out-0")):
+        got = m._mm(m.layers[0][f"{name}.weight"], np.ascontiguousarray(theirs[x], np.float32), 0)
+        np.testing.assert_array_equal(got, theirs[y], err_msg=name)
 
 
 @pytest.mark.parametrize("kind", ["llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "falcon-new-decoder", "gpt2"])

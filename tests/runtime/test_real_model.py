@@ -102,16 +102,10 @@ def test_llama_cpps_q5_0_batch_arithmetic_is_the_signed_block_dot(real_gemma):
     np.testing.assert_array_equal(_q5_0_as_llama_cpp(real_gemma, "blk.0.ffn_up.weight", X), theirs)
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/kernels.py's int8 Q5_0 kernel sums the unsigned quants n·q_x, two "
-                   "blocks per 16-lane dot, and adds the −16 offset once per block as a float term; llama.cpp sums "
-                   "(n−16)·q_x in int32 per block in 8 lanes: ~1e-6 apart on ~89 % of the outputs")
 def test_int8_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma, arithmetic):
-    """The first tensor where the int8 path leaves llama.cpp on the real file (attn_norm, the Q8_0
-    V projection and RoPE are bit-exact; the Q5_0 q/k/gate/up projections are not, nor the Q6_K
-    down projection). Each such ulp difference is absorbed by the next matmul's int8 activation
-    rounding until one rounding flips; from there the logits part by 2-6 % of the largest within
-    a few layers. llama.cpp is no steadier: the same 24 tokens fed one at a time (n_batch=1) part
-    from its own one-batch logits by 2-6 % from position 3 on."""
+    """The int8 Q5_0 kernel sums as llama.cpp does (runtime/kernels.py BLOCKWISE: each block's
+    signed Σ(n−16)·q_x in 8 int32 lanes, one fma per block), so the real file's layer-0 up
+    projection equals llama.cpp's bit for bit."""
     arithmetic("int8")
     X, theirs = _ffn_up_layer0(real_gemma)
     m = Model(real_gemma, n_ctx=64)
