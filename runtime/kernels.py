@@ -950,9 +950,11 @@ def _dot4_b32_int_codegen(fmt):
     # the Q8_0 partners as ggml sums them (BLOCKWISE): each block's signed integer dot in 8 lanes,
     # fma'd block after block; the affine types: the minimum a per-block float term m_w·s_x
     blockwise = fmt in BLOCKWISE
-    shifted = affine  # a per-block term m_w·s_x
     signed = fmt in B32_SIGNED
-    offset = B32_OFFSET.get(fmt, 0)  # Q4_0 / Q5_0: the stored n is the value + offset
+    # Q4_0 / Q5_0: the stored n is the value + offset, taken off in the integer lanes (BLOCKWISE)
+    # or as a per-block float term −offset·d_w·s_x (otherwise)
+    offset = B32_OFFSET.get(fmt, 0) if blockwise else 0
+    shifted = affine or (fmt in B32_OFFSET and not blockwise)  # a per-block term m_w·s_x or −offset·d_w·s_x
     chunk_blocks = 16  # as _dot4_b32_codegen: 16 blocks' scales converted at once
     nacc = 2 * ROWS if shifted else ROWS  # ROWS × Σ d_w·d_x·(int sums), then ROWS × the shift terms
 
@@ -978,8 +980,10 @@ def _dot4_b32_int_codegen(fmt):
         def add_to(accs, j, v):
             return builder.insert_value(accs, builder.fadd(builder.extract_value(accs, j), v, flags=FAST), j)
 
-        def shift_w(j, base):  # the field multiplying s_x: m_w
-            return _f16_at(builder, ws[j], builder.add(base, _c(ity, 2)))
+        def shift_w(j, base):  # the field multiplying s_x: m_w (affine) or −offset·d_w
+            if affine:
+                return _f16_at(builder, ws[j], builder.add(base, _c(ity, 2)))
+            return builder.fmul(_f16_at(builder, ws[j], base), _c(F32, -float(B32_OFFSET[fmt])), flags=FAST)
 
         # with VNNI (vpdpbusd: unsigned · signed bytes, no saturation), the signed weights as
         # unsigned n = q_w + bias (Q8_0 / IQ4_NL q_w xor 0x80, Q4_0 / Q5_0 their stored n) and
@@ -1111,10 +1115,12 @@ def _dot4_b32_int_codegen(fmt):
             dw = [f16s(j, 0) for j in range(ROWS)]
             dx = _vload(builder, xd, b0, V16F, 4)
             sv = [masked(builder.fmul(dw[j], dx, flags=FAST)) for j in range(ROWS)]
-            if shifted:  # lane u: block u's m_w·s_x
+            if shifted:  # lane u: block u's m_w·s_x or −offset·d_w·s_x
                 sx = _vload(builder, xs, b0, V16F, 4)
                 for j in range(ROWS):
-                    accs = add_to(accs, ROWS + j, masked(builder.fmul(f16s(j, 1), sx, flags=FAST)))
+                    f = f16s(j, 1) if affine else builder.fmul(dw[j], _c(V16F, [-float(B32_OFFSET[fmt])] * 16),
+                                                               flags=FAST)
+                    accs = add_to(accs, ROWS + j, masked(builder.fmul(f, sx, flags=FAST)))
             if quads:
                 return quads_of(b0, accs, sv)
             # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
