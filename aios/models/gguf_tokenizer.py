@@ -16,10 +16,25 @@ the other property llama.cpp attaches to some names: ``ignore_merges`` (Llama 3'
 whatever its merges, applied in rank order, would make of it. Llama 3's vocabulary has words the
 merges split otherwise, so without it ``" the"``-like words tokenize differently from llama.cpp
 and the model's tokenizer. We set it for those names (``IGNORE_MERGES``).
+
+Building it is slow for a large vocabulary (Gemma 3's 262,144 tokens: ~6.5 s reading the GGUF's
+arrays and ~11 s of conversion, 0.9 GB), so the finished tokenizer (fix-ups included) is cached in
+``$AIOS_CACHE/tokenizers`` (default ``~/.cache/aios/tokenizers``), one file per GGUF, keyed by the
+file's resolved path, size and mtime (never its bytes) and by what built it (this module's source,
+the transformers / tokenizers / gguf versions). A later load reads that entry and never opens the
+GGUF: the backend from its own ``tokenizers`` JSON, the rest of the object's attributes restored
+as they were (same class, special tokens, chat template, padding side). The entry is a pickle read
+by an unpickler that refuses every global but ``tokenizers.AddedToken``, so it cannot run code;
+one that does not read back (truncated, corrupt, other versions) is rebuilt and replaced, and a
+cache that cannot be written only costs the next load its time.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
+import pickle
 from pathlib import Path
 
 PHI3_NO_RSTRIP = ("<unk>", "<s>", "<|endoftext|>")
@@ -34,13 +49,31 @@ IGNORE_MERGES = frozenset({
     "jina-v5-nano", "minicpm5", "youtu", "glm4", "glm5", "tekken", "granite-embed-multi-97m"})
 
 
+CACHE_FORMAT = 1
+# attributes of a tokenizer that are only what its class's __init__ built the backend from (262,144
+# vocabulary entries and 514,906 merges for Gemma 3: a second of unpickling); the backend holds them
+BUILD_INPUTS = ("_vocab", "_merges")
+
+
 def load_gguf_tokenizer(path: str | Path):
-    """The transformers tokenizer of the GGUF at ``path``."""
+    """The transformers tokenizer of the GGUF at ``path`` (from the cache when it is there)."""
+    path = Path(path)
+    entry = _cache_entry(path)
+    if entry is not None:
+        tok = _read_cached(*entry)
+        if tok is not None:
+            return tok
+    tok = _build(path)
+    if entry is not None:
+        _write_cached(tok, *entry)
+    return tok
+
+
+def _build(path: Path):
     from transformers import AutoTokenizer
 
     from aios.models.tensors import gguf_reader, transformers_reads_gguf_fast
 
-    path = Path(path)
     reader = gguf_reader(path)
     with transformers_reads_gguf_fast():
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -48,6 +81,113 @@ def load_gguf_tokenizer(path: str | Path):
     _user_defined_tokens_whole(tok, reader)
     _ignore_merges(tok, reader)
     return tok
+
+
+def cache_dir() -> Path:
+    """Where finished GGUF tokenizers are kept: ``$AIOS_CACHE/tokenizers``, default
+    ``~/.cache/aios/tokenizers`` (the root ``aios.models.real`` and ``from_gguf`` use)."""
+    root = os.environ.get("AIOS_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "aios") / "tokenizers"
+
+
+def _cache_entry(path: Path) -> tuple[Path, dict] | None:
+    """The cache file for the GGUF at ``path`` as it is now, and the record it must carry; None
+    when the file cannot be stat'ed (the build then fails as it would without a cache)."""
+    try:
+        resolved = path.resolve()
+        st = os.stat(resolved)
+    except (OSError, RuntimeError):
+        return None
+    record = {"format": CACHE_FORMAT, "source": {"path": str(resolved), "size": st.st_size,
+                                                 "mtime_ns": st.st_mtime_ns}, "built_by": _built_by()}
+    where = hashlib.sha256(str(resolved).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    what = hashlib.sha256(repr(record).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return cache_dir() / f"{resolved.stem}-{where}-{what}.pkl", record
+
+
+def _built_by() -> dict:
+    """What the cached tokenizer depends on besides the file: a change rebuilds it."""
+    import importlib.metadata
+
+    from aios.models.architectures import ARCHITECTURES
+
+    versions = {}
+    for dist in ("transformers", "tokenizers", "gguf"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"recipe": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), "versions": versions,
+            "rstrip_architectures": sorted(a.gguf_arch.lower() for a in ARCHITECTURES if a.spm_control_tokens_rstrip)}
+
+
+class _Unpickler(pickle.Unpickler):
+    """Plain data and ``tokenizers.AddedToken`` only: any other global (a callable an edited
+    file could name) is refused, so reading an entry runs no code."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("tokenizers", "AddedToken"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a tokenizer cache entry")
+
+
+def _read_cached(file: Path, record: dict):
+    """The tokenizer cached in ``file`` if it carries ``record``; None when it is absent or does
+    not read back (it is then rebuilt and replaced)."""
+    try:
+        data = file.read_bytes()
+    except OSError:
+        return None
+    try:
+        import importlib
+
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerBase
+
+        entry = _Unpickler(io.BytesIO(data)).load()
+        if not isinstance(entry, dict) or entry.get("record") != record:
+            return None
+        module, qualname = entry["class"]
+        if not module.startswith("transformers."):
+            return None
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if not (isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase)):
+            return None
+        tok = cls.__new__(cls)
+        tok.__dict__.update(entry["state"])
+        backend = Tokenizer.from_str(entry["backend"])
+        backend.encode_special_tokens = entry["encode_special_tokens"]  # not in the JSON
+        tok._tokenizer = backend
+        if len(tok) != entry["len"]:
+            return None
+        return tok
+    except Exception:  # noqa: BLE001 -- a damaged entry is a cache miss, whatever it raises
+        return None
+
+
+def _write_cached(tok, file: Path, record: dict) -> None:
+    """Cache ``tok`` in ``file`` (atomically; older entries for the same path removed). Best
+    effort: a tokenizer that does not serialize as expected or a cache that cannot be written
+    is left uncached."""
+    from aios.io import write_atomic
+
+    try:
+        state = {k: v for k, v in vars(tok).items() if k != "_tokenizer" and k not in BUILD_INPUTS}
+        backend = tok.backend_tokenizer
+        entry = {"record": record, "class": (type(tok).__module__, type(tok).__qualname__), "state": state,
+                 "backend": backend.to_str(), "encode_special_tokens": backend.encode_special_tokens,
+                 "len": len(tok)}
+        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        _Unpickler(io.BytesIO(data)).load()  # only what the reader accepts is written
+        write_atomic(file, data)
+        prefix = file.name.rsplit("-", 1)[0] + "-"
+        for old in file.parent.glob("*.pkl"):
+            if old.name.startswith(prefix) and old != file:
+                old.unlink(missing_ok=True)
+    except Exception:  # noqa: BLE001 -- a cache that fails to write is only a slower next load
+        return
 
 
 def _field(reader, key: str):

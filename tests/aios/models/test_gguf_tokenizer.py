@@ -16,15 +16,24 @@ trained vocabulary (Llama 3's ``<|begin_of_text|>`` ... ``<|eot_id|>``; Qwen2.5'
 on a tiny random model of its architecture and exported by ``aios-convert gguf``; the tokenizer
 loaded from the GGUF must give the ids of the HF folder's tokenizer and of llama.cpp on the same
 file (when llama-cpp-python is installed), and decode them back to the text.
+
+The finished tokenizer is cached (``$AIOS_CACHE/tokenizers``, here always under ``tmp_path``): a
+second load reads no GGUF and builds nothing, and gives the same object as the first (class,
+backend JSON, special tokens and their rstrip, ids); a touched file, a damaged or hostile entry
+and an unwritable cache all end in a correct tokenizer, rebuilt, never in an error.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
 
+from aios.models import gguf_tokenizer
 from aios.models.gguf_tokenizer import load_gguf_tokenizer
 from aios.reference import llamacpp
 from convert.gguf import GGUFExportConfig, export_gguf
@@ -143,6 +152,13 @@ def build_gguf(family: str, folder: Path, regex: str | None = None) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def tokenizer_cache(monkeypatch, tmp_path):
+    """Every load in this module caches under tmp_path (a subprocess inherits it), never in ~/.cache/aios."""
+    monkeypatch.setenv("AIOS_CACHE", str(tmp_path / "aios-cache"))
+    return tmp_path / "aios-cache" / "tokenizers"
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family_gguf(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
@@ -233,8 +249,178 @@ def test_real_gemma_vocabulary_tokenizes_as_llama_cpp(real_gemma):
     texts = topics[:12] + MIXED
     assert sum(len(t.encode()) for t in texts) > 20_000
     tok = load_gguf_tokenizer(real_gemma)
+    with pytest.MonkeyPatch.context() as mp:  # and as the cache gives it back, reading no GGUF
+        _refuse_builds(mp)
+        cached = load_gguf_tokenizer(real_gemma)
     for special in (False, True):
         batch = texts + [CHAT] if special else texts
         theirs = llamacpp.tokenize(real_gemma, batch, add_bos=True, special=special).value
         for text, ids in zip(batch, theirs, strict=True):
             assert tok(text, split_special_tokens=not special)["input_ids"] == ids, text[:80]
+            assert cached(text, split_special_tokens=not special)["input_ids"] == ids, text[:80]
+
+
+# --- the cache ------------------------------------------------------------------------------
+# llama.cpp's own conversions of tiny Gemma 2 and Phi-3 models: SentencePiece vocabularies, Phi-3's
+# with its chat tokens' rstrip (tests/runtime/test_reference_ggufs.py)
+REFERENCE = Path(__file__).resolve().parents[2] / "runtime" / "data" / "reference"
+SPM_TEXTS = {"gemma2": ["<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<eos>x<end_of_turn> y"],
+             "phi3": ["<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|><|endoftext|>", "<|system|>Be brief.<|end|>",
+                      "a</s>\n b<|endoftext|> c"]}
+
+
+def _refuse_builds(monkeypatch) -> None:
+    """From here on, any GGUF parse or transformers GGUF conversion raises."""
+    import gguf.gguf_reader
+    from transformers import AutoTokenizer
+
+    from aios.models import tensors
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tokenizer was built from the GGUF, not read from the cache")
+
+    monkeypatch.setattr(tensors, "gguf_reader", refuse)
+    monkeypatch.setattr(gguf.gguf_reader.GGUFReader, "__init__", refuse)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", refuse)
+
+
+def _count_builds(monkeypatch) -> list:
+    builds = []
+    build = gguf_tokenizer._build
+
+    def counted(path):
+        builds.append(path)
+        return build(path)
+
+    monkeypatch.setattr(gguf_tokenizer, "_build", counted)
+    return builds
+
+
+def _assert_same_tokenizer(warm, cold, texts) -> None:
+    assert type(warm) is type(cold)
+    assert warm.backend_tokenizer.to_str() == cold.backend_tokenizer.to_str()  # ignore_merges, added tokens
+    assert warm.backend_tokenizer.encode_special_tokens == cold.backend_tokenizer.encode_special_tokens
+    assert {i: repr(t) for i, t in warm.added_tokens_decoder.items()} == {
+        i: repr(t) for i, t in cold.added_tokens_decoder.items()}  # rstrip, normalized, special
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "all_special_tokens",
+                 "all_special_ids", "chat_template", "padding_side", "model_max_length", "name_or_path"):
+        assert getattr(warm, name) == getattr(cold, name), name
+    assert len(warm) == len(cold) and warm.get_vocab() == cold.get_vocab()
+    for text in texts:
+        for kw in ({}, {"add_special_tokens": False}, {"split_special_tokens": True}):
+            assert warm(text, **kw)["input_ids"] == cold(text, **kw)["input_ids"], (text, kw)
+        ids = cold(text)["input_ids"]
+        assert warm.decode(ids) == cold.decode(ids) and warm.convert_ids_to_tokens(ids) == cold.convert_ids_to_tokens(ids)
+    if cold.pad_token is not None:  # a batch pads on the same side with the same id
+        batch = warm(texts, padding=True)
+        assert batch["input_ids"] == cold(texts, padding=True)["input_ids"] and batch["attention_mask"]
+    if cold.chat_template:
+        messages = [{"role": "user", "content": "Hi 123"}, {"role": "assistant", "content": "don't"}]
+        assert warm.apply_chat_template(messages, tokenize=False) == cold.apply_chat_template(messages, tokenize=False)
+
+
+def _cached_load(path: Path, texts, monkeypatch, tokenizer_cache):
+    """Load twice: the first builds and writes one entry, the second builds nothing and equals it."""
+    builds = _count_builds(monkeypatch)
+    cold = load_gguf_tokenizer(path)
+    assert len(builds) == 1 and len(list(tokenizer_cache.glob("*.pkl"))) == 1
+    with pytest.MonkeyPatch.context() as mp:
+        _refuse_builds(mp)
+        warm = load_gguf_tokenizer(path)
+    assert len(builds) == 1
+    _assert_same_tokenizer(warm, cold, texts)
+    return warm, cold
+
+
+def test_the_second_load_comes_from_the_cache_and_tokenizes_the_same(family_gguf, monkeypatch, tokenizer_cache):
+    family, _, path = family_gguf
+    warm, cold = _cached_load(path, TEXTS + CHATS[family] + MIXED, monkeypatch, tokenizer_cache)
+    assert warm.backend_tokenizer.model.ignore_merges == (family == "llama3")  # the fix-up survives
+    saved = tokenizer_cache.parent / "saved"  # the cached object saves as the built one does
+    warm.save_pretrained(str(saved))
+    assert json.loads((saved / "tokenizer.json").read_text()) == json.loads(cold.backend_tokenizer.to_str())
+
+
+@pytest.mark.parametrize("name", list(SPM_TEXTS))
+def test_a_sentencepiece_vocabulary_comes_back_from_the_cache_with_its_chat_tokens(name, monkeypatch, tokenizer_cache):
+    path = REFERENCE / f"{name}.llamacpp.f16.gguf"
+    warm, _ = _cached_load(path, TEXTS + SPM_TEXTS[name] + MIXED, monkeypatch, tokenizer_cache)
+    rstrip = sorted(str(t) for t in warm.added_tokens_decoder.values() if t.rstrip)
+    if name == "phi3":  # Phi-3's chat tokens eat the newline after them, from the cache too
+        assert "<|user|>" in rstrip and "<|endoftext|>" not in rstrip
+        assert warm("<|user|>\nHi", add_special_tokens=False)["input_ids"] == warm(
+            "<|user|>Hi", add_special_tokens=False)["input_ids"]
+    else:
+        assert not rstrip
+
+
+def test_a_touched_file_is_read_again_and_replaces_its_entry(tmp_path, monkeypatch, tokenizer_cache):
+    path = tmp_path / "phi3.gguf"
+    shutil.copyfile(REFERENCE / "phi3.llamacpp.f16.gguf", path)
+    builds = _count_builds(monkeypatch)
+    load_gguf_tokenizer(path)
+    (before,) = tokenizer_cache.glob("*.pkl")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    tok = load_gguf_tokenizer(path)
+    assert len(builds) == 2
+    (after,) = tokenizer_cache.glob("*.pkl")  # the stale entry is gone
+    assert after != before
+    load_gguf_tokenizer(path)
+    assert len(builds) == 2
+    assert tok("<|user|>\nHi")["input_ids"] == load_gguf_tokenizer(REFERENCE / "phi3.llamacpp.f16.gguf")(
+        "<|user|>\nHi")["input_ids"]
+
+
+class _Payload:
+    """Unpickling this runs ``exec`` (what an edited cache entry could try)."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "hostile", "other record"])
+def test_a_damaged_cache_entry_is_rebuilt_without_an_error(damage, tmp_path, monkeypatch, tokenizer_cache):
+    path = REFERENCE / "gemma2.llamacpp.f16.gguf"
+    builds = _count_builds(monkeypatch)
+    text = SPM_TEXTS["gemma2"][0] + TEXTS[2]
+    want = load_gguf_tokenizer(path)(text)["input_ids"]
+    (entry,) = tokenizer_cache.glob("*.pkl")
+    data = entry.read_bytes()
+    marker = tmp_path / "pwned"
+    if damage == "truncated":
+        entry.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        entry.write_bytes(os.urandom(4096))
+    elif damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "hostile":
+        entry.write_bytes(pickle.dumps({"record": _Payload(marker)}))
+    else:  # a well-formed entry of another file under this name
+        other = pickle.loads(data)
+        other["record"]["source"]["size"] += 1
+        entry.write_bytes(pickle.dumps(other))
+    assert load_gguf_tokenizer(path)(text)["input_ids"] == want
+    assert len(builds) == 2 and not marker.exists()
+    with pytest.MonkeyPatch.context() as mp:  # the rebuilt entry is whole again
+        _refuse_builds(mp)
+        assert load_gguf_tokenizer(path)(text)["input_ids"] == want
+
+
+def test_a_cache_that_cannot_be_written_costs_only_time(tmp_path, monkeypatch):
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("AIOS_CACHE", str(tmp_path / "not-a-folder"))
+    builds = _count_builds(monkeypatch)
+    path = REFERENCE / "phi3.llamacpp.f16.gguf"
+    assert load_gguf_tokenizer(path)("<|user|>\nHi")["input_ids"] == load_gguf_tokenizer(path)("<|user|>\nHi")["input_ids"]
+    assert len(builds) == 2
+
+
+def test_the_cache_lives_under_aios_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIOS_CACHE", str(tmp_path))
+    assert gguf_tokenizer.cache_dir() == tmp_path / "tokenizers"
+    monkeypatch.delenv("AIOS_CACHE")
+    assert gguf_tokenizer.cache_dir() == Path.home() / ".cache" / "aios" / "tokenizers"
