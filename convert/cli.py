@@ -14,6 +14,8 @@ from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_op
 from convert.alias_config import CANONICAL_MODES, DELTA_NORMS, GGUF_OUTTYPES
 from convert.gguf import OUTTYPES
 from convert.relufy_config import DEVICES, RelufyConfig
+from convert.sparsify import ALLOCATIONS as SPARSIFY_ALLOCATIONS
+from convert.sparsify import SITES as SPARSIFY_SITES
 from convert.sparsity_map import MODES as SPARSITY_MODES
 from convert.svd_residual import BASE_TYPES, FACTOR_TYPES, METHODS, RESIDUALS
 
@@ -225,6 +227,51 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
     result = sparsity_map(model, out, SparsityMapConfig(mode=mode, budget_pct=budget), calibration=calibration,
                           progress=lambda message: err_console.print(f"[dim]{message}[/]"))
     render_sparsity_map(result)
+
+
+@main.command("sparsify", short_help="Exact-zero FFN activations without training: calibrated thresholds.")
+@click.argument("model")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="Output .gguf: MODEL's tensors unchanged plus the aios.ffn_threshold.* keys.")
+@click.option("--target", type=float, default=None,
+              help="Mean FFN zero fraction over layers on the calibration tokens  [default: 0.5].")
+@click.option("--max-ppl-ratio", type=float, default=None,
+              help="Instead of --target: the sparsest thresholds whose calibration perplexity ratio stays "
+                   "within this (e.g. 1.05).")
+@click.option("--site", type=click.Choice(SPARSIFY_SITES), default=None,
+              help="What is cut: gate = |act(gate)| (skips up and down rows; default for gated FFNs), "
+                   "down_in = the down projection's input (skips down rows; plain MLPs).")
+@click.option("--allocation", type=click.Choice(SPARSIFY_ALLOCATIONS), default="greedy", show_default=True,
+              help="greedy: per-layer levels by measured sensitivity; uniform: every layer at the target.")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="JSONL/TXT calibration texts (default: the fixtures' pydoc train split).")
+@click.option("--tokens", type=int, default=2048, show_default=True, help="Calibration tokens.")
+@click.option("--heldout-tokens", type=int, default=4096, show_default=True,
+              help="Held-out tokens for the report's perplexity and zeros (0: skip).")
+@click.option("--sparse-down", is_flag=True,
+              help="Also store FFN down projections neuron-major (blk.N.ffn_down.t, re-encoded) so "
+                   "aios-run --mode sparse skips zeroed neurons' rows in quantized files.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def sparsify_command(model: str, out: str, target: float | None, max_ppl_ratio: float | None, site: str | None,
+                     allocation: str, calibration: str | None, tokens: int, heldout_tokens: int,
+                     sparse_down: bool, as_json: bool) -> None:
+    """Zero FFN activations below calibrated per-layer thresholds (CATS/TEAL-style, no training).
+
+    MODEL is a GGUF (quantized too). The weights are copied byte for byte; the thresholds go in
+    the file's metadata, and aios-run applies them in every mode (llama.cpp ignores them).
+    """
+    from convert.sparsify import SparsifyConfig, sparsify
+    from convert.sparsify_cli import render_sparsify, sparsify_progress
+
+    if target is None and max_ppl_ratio is None:
+        target = 0.5
+    cfg = SparsifyConfig(target=target, max_ppl_ratio=max_ppl_ratio, site=site, allocation=allocation,
+                         calibration=calibration, tokens=tokens, heldout_tokens=heldout_tokens,
+                         sparse_down=sparse_down)
+    result = sparsify(model, out, cfg, progress=sparsify_progress())
+    for w in result.warnings:
+        warn(w)
+    render_sparsify(result, as_json)
 
 
 # The trained-aliasing defaults shown in --help (convert.alias_train.TrainConfig imports torch,

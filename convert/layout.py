@@ -40,7 +40,6 @@ MANIFEST_KEY = "aios.manifest"
 TIER_RANK = {"HOT": 0, "WARM": 1, "STREAM": 2}
 _FFN = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.")
 _BLK = re.compile(r"^blk\.(\d+)\.")
-COPY_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -144,26 +143,6 @@ def measure_read_fraction(handle: ModelHandle, texts: list[str], max_tokens: int
 # --- rewriting -----------------------------------------------------------------------------
 
 
-@dataclass
-class _FileSlice:
-    """Bytes of one tensor copied from the source file in chunks (``nbytes``/``tofile`` duck type)."""
-
-    path: Path
-    offset: int
-    nbytes: int
-
-    def tofile(self, fout) -> None:
-        with open(self.path, "rb") as src:
-            src.seek(self.offset)
-            left = self.nbytes
-            while left:
-                buf = src.read(min(COPY_CHUNK, left))
-                if not buf:
-                    raise InvalidModelError(f"{self.path} is truncated.")
-                fout.write(buf)
-                left -= len(buf)
-
-
 def manifest_json(blocks: list[Block]) -> str:
     return json.dumps({
         "aios_contract_version": CONTRACT_VERSION,
@@ -213,27 +192,11 @@ def _portable(config: LayoutConfig) -> dict:
     return d
 
 
-def _copy_fields(w, reader) -> None:
-    import gguf
-
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key == MANIFEST_KEY \
-                or key.startswith("aios.layout."):
-            continue
-        if key == "general.alignment":
-            w.add_custom_alignment(int(f.contents()))
-            continue
-        vtype = gguf.GGUFValueType(f.types[0])
-        sub = gguf.GGUFValueType(f.types[1]) if vtype == gguf.GGUFValueType.ARRAY else None
-        if sub == gguf.GGUFValueType.ARRAY:
-            raise InvalidModelError(f"Key '{key}' holds nested arrays, which the layout rewrite does not copy.")
-        w.add_key_value(key, f.contents(), vtype, sub_type=sub)
-
-
 def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -> None:
     import gguf
 
     from convert.gguf import add_metadata, atomic_output
+    from convert.gguf.writer import FileSlice, copy_fields
 
     reader = handle.store.reader  # type: ignore[union-attr]
     by_name = {t.name: t for t in reader.tensors}
@@ -245,7 +208,7 @@ def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(out) as tmp:
         w = gguf.GGUFWriter(str(tmp), reader.fields["general.architecture"].contents())
-        _copy_fields(w, reader)
+        copy_fields(w, reader, skip=lambda key: key == MANIFEST_KEY or key.startswith("aios.layout."))
         add_metadata(w, extra)
         w.add_string(MANIFEST_KEY, " " * slot)  # last key: its bytes end where tensor infos begin
         for b in blocks:
@@ -267,7 +230,7 @@ def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -
             fh.write(text.ljust(slot).encode("ascii"))
         for b in blocks:
             t = by_name[b.name]
-            w.write_tensor_data(_FileSlice(handle.path, int(t.data_offset), int(t.n_bytes)))  # type: ignore[arg-type]
+            w.write_tensor_data(FileSlice(handle.path, int(t.data_offset), int(t.n_bytes)))  # type: ignore[arg-type]
         w.close()
         _verify_written(tmp, text)
 

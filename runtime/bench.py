@@ -230,7 +230,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         ids = _prompt_ids(tok, prompt_tokens)
         for mode in modes:
             model = Model(path, mode="dense")
-            if mode != "dense" and model.hp.activation not in RELU_FAMILY:
+            if mode != "dense" and model.hp.activation not in RELU_FAMILY and model.thresholds is None:
                 skipped.append(f"{path.name} [{mode}]: activation '{model.hp.activation}' has no exact zeros")
                 continue
             if mode != "dense":

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
-from runtime import decode_block, ggml_ops, gguf_checks, kernels, ops
+from runtime import decode_block, ggml_ops, gguf_checks, kernels, ops, thresholds
 from runtime.accounting import ByteCounter
 from runtime.activations import GELU_FAMILY, GGML_GELU, GGML_SILU, activation
 from runtime.extensions import LAYER_HOOKS
@@ -78,10 +78,13 @@ class Model:
         row = runtime_row(arch, "blk.0.attn_norm_2.weight" in t)
         gguf_checks.check_hparams(store, arch, self.path)  # a lying file: one sentence, exit 4
         self.hp = hp = read_hparams(store, row, n_ctx)
-        if mode != "dense" and hp.activation not in RELU_FAMILY:
+        # calibrated per-layer cuts (aios-convert sparsify): part of the model, applied in every mode
+        self.thresholds = thresholds.read(store, hp.n_layers, hp.d_ffn, row.gated_ffn, self.path)
+        if mode != "dense" and hp.activation not in RELU_FAMILY and self.thresholds is None:
             raise UsageError(
                 f"--mode {mode} needs a ReLU-family activation; this model runs '{hp.activation}', "
-                "which never produces exact zeros. Relufy it first (aios-convert relufy)."
+                "which never produces exact zeros. Relufy it (aios-convert relufy) or add calibrated "
+                "thresholds (aios-convert sparsify) first."
             )
         gguf_checks.check_cache(hp, self.path, n_ctx is not None)
         gguf_checks.check_tensors(t, hp, self.path)
@@ -270,7 +273,7 @@ class Model:
         decode step can run its blocks compiled: ``fused_glue``, dense mode, no hooks watching
         the FFN. The ggml path's blocks (int8 kernels) or the float path's (F16/BF16 matrices).
         Gathered once per arithmetic."""
-        if not (self.fused_glue and self.mode == "dense"
+        if not (self.fused_glue and self.mode == "dense" and self.thresholds is None
                 and self.ffn_input_hook is None and self.ffn_act_hook is None):
             return None
         arith = kernels.arithmetic()
@@ -441,12 +444,15 @@ class Model:
             rows = self._predicted_rows(h, layer)
             if self.measure_fnr and h.shape[0] == 1:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
-        if "ffn_gate.weight" in L and self.mode == "dense" and self._activation() == GGML_SILU:
+        cuts = self.thresholds
+        if "ffn_gate.weight" in L and self.mode == "dense" and self._activation() == GGML_SILU and cuts is None:
             # ggml's SwiGLU in one pass: silu(gate)·up, the bits of silu(gate)·1 then ·up
             a = ggml_ops.silu_mul(*self._mm_shared(L, ("ffn_gate", "ffn_up"), h, layer, rows))
         elif "ffn_gate.weight" in L:
             g = activation(self._activation(), self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
                      hp.activation_threshold)
+            if cuts is not None and cuts.site == "gate":
+                g = cuts.cut(g, layer)
             if self.mode != "dense":
                 # gate first: a = act(gate)·up is exactly 0 wherever act(gate) is, so only the up
                 # rows with a nonzero gate in some token of the chunk are read (exact, not a guess)
@@ -456,6 +462,8 @@ class Model:
             a = activation(self._activation(), self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")),
                      hp.activation_threshold)
         a = a.astype(np.float32, copy=False)
+        if cuts is not None and cuts.site == "down_in":
+            a = cuts.cut(a, layer)
         if rows is not None:
             keep = np.zeros(hp.d_ffn, bool)
             keep[rows] = True

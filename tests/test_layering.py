@@ -25,6 +25,7 @@ ALLOWED = {
     ("contract.checks.r3_aliasing", "runtime.measure"),  # R3 of a GGUF: blocks decoded by the runtime's kernels
     ("contract.quality", "runtime."),  # the quality gate's perplexity of a GGUF: executed by the runtime
     ("convert.layout", "runtime.measure"),  # layout's access frequencies: the GGUF executed as stored
+    ("convert.sparsify", "runtime."),  # thresholds calibrated on the GGUF as aios-run executes it, in its format
 }
 
 

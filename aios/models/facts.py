@@ -27,6 +27,9 @@ class ArchFacts:
     vocab_size: int | None
     max_context: int | None
     tied_embeddings: bool
+    # calibrated per-layer FFN thresholds (aios-convert sparsify, GGUF aios.ffn_threshold.site):
+    # where the cut is made ("gate" or "down_in"), None when the model has none
+    ffn_threshold_site: str | None = None
 
     @property
     def attention_kind(self) -> str:

@@ -213,5 +213,12 @@ def _facts_from_gguf(store: GGUFStore, arch, g: str) -> tuple[ArchFacts, dict[st
         vocab_size=vocab,
         max_context=store.field(f"{g}.context_length"),
         tied_embeddings="output.weight" not in set(store.iter_names()),
+        ffn_threshold_site=_threshold_site(store),
     )
     return facts, {"gguf_architecture": g, **{k: v for k, v in facts.__dict__.items()}}
+
+
+def _threshold_site(store: GGUFStore) -> str | None:
+    """``aios.ffn_threshold.site`` of a sparsified GGUF (runtime/thresholds.py), None without one."""
+    site = store.field("aios.ffn_threshold.site")
+    return site if isinstance(site, str) else None

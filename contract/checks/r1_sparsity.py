@@ -21,8 +21,13 @@ class NoCalibrationTokensError(AiosError):
     exit_code = ExitCode.NOT_EVALUATED
 
 
-def activation_is_relu_family(activation: str, threshold: float | None, family: list[str]) -> tuple[bool, str]:
+def activation_is_relu_family(activation: str, threshold: float | None, family: list[str],
+                              threshold_site: str | None = None) -> tuple[bool, str]:
     act = activation.lower()
+    if threshold_site is not None:  # aios-convert sparsify: the cut is part of the model
+        where = "|act(gate)|" if threshold_site == "gate" else "the down projection's input"
+        return True, (f"'{activation}' with calibrated per-layer thresholds on {where} "
+                      "(aios.ffn_threshold.*): the zeros come from the thresholds, not from a ReLU")
     if act not in family:
         return False, f"'{activation}' is smooth: it never yields exact zeros"
     if act == "fatrelu" and threshold is None:
@@ -69,8 +74,11 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         f"ReLU-family activation ({', '.join(spec['relu_family'])}) and mean exact-zero fraction "
         f"of FFN activations over layers ≥ {floor:.2f}"
     )
-    relu, why = activation_is_relu_family(f.activation, f.activation_threshold, spec["relu_family"])
+    relu, why = activation_is_relu_family(f.activation, f.activation_threshold, spec["relu_family"],
+                                          f.ffn_threshold_site)
     declared = Metric(name="ffn_activation", value=f.activation, evidence=Evidence.declared, note=f"from {f.activation_key}")
+    zeros_from = ("calibrated thresholds (aios.ffn_threshold.site = "
+                  f"'{f.ffn_threshold_site}')" if f.ffn_threshold_site else f"the activation ('{f.activation}')")
     base = dict(id=ID, title=TITLE, criterion=criterion)
     if not handle.has_weights:
         if not relu:
@@ -112,6 +120,7 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         "per_layer_near_zero_fraction": [round(float(x), 6) for x in stats.near_zero_fraction],
         "hook": f"input of {handle.arch.ffn_down} in every block",
         "engine": "aios-run (the file as stored)" if handle.kind == "gguf" else "transformers",
+        "zeros_from": zeros_from,
         # distribution of per-neuron firing frequencies (for sparsity maps / plots)
         "neuron_frequency_deciles": [
             [round(float(q), 4) for q in _deciles(row)] for row in stats.neuron_frequency
@@ -122,6 +131,8 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
     passed = relu and mean >= floor
     if passed:
         summary = f"{mean:.1%} of FFN activations are exact zeros (≥ {floor:.0%})."
+        if f.ffn_threshold_site:
+            summary = f"{mean:.1%} of FFN activations are exact zeros (≥ {floor:.0%}), from {zeros_from}."
     elif not relu:
         summary = (f"Declared activation {why}: measured exact zeros {mean:.2%}, near-zero "
                    f"{stats.mean_near_zero_fraction:.1%}; relufy to pass.")

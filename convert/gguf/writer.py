@@ -93,3 +93,51 @@ def write_plan(plan: ExportPlan, out: Path, progress: Progress | None = None) ->
     tensors = [TensorOut(p.name, p.shape, p.outtype, p.nbytes, gt.tensor_data(plan.handle, p))
                for p in plan.tensors]
     write_gguf_file(out, plan.handle, plan.outtype, plan.tokenizer, plan.metadata, tensors, progress)
+
+
+# --- copying a GGUF (the converters that take a GGUF in and change only some of it) -----------
+
+COPY_CHUNK = 16 << 20
+
+
+@dataclass
+class FileSlice:
+    """Bytes of one tensor copied from a source file in chunks (the ``nbytes``/``tofile`` duck
+    type gguf-py's ``write_tensor_data`` takes): a copied tensor is its source's bytes exactly."""
+
+    path: Path
+    offset: int
+    nbytes: int
+
+    def tofile(self, fout) -> None:
+        from aios.errors import InvalidModelError
+
+        with open(self.path, "rb") as src:
+            src.seek(self.offset)
+            left = self.nbytes
+            while left:
+                buf = src.read(min(COPY_CHUNK, left))
+                if not buf:
+                    raise InvalidModelError(f"{self.path} is truncated.")
+                fout.write(buf)
+                left -= len(buf)
+
+
+def copy_fields(w, reader, skip: Callable[[str], bool] = lambda key: False) -> None:
+    """Every key/value of ``reader`` (a gguf-py GGUFReader) into the writer ``w``, with its
+    value type, except the header's own and the ones ``skip`` names."""
+    import gguf
+
+    from aios.errors import InvalidModelError
+
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or skip(key):
+            continue
+        if key == "general.alignment":
+            w.add_custom_alignment(int(f.contents()))
+            continue
+        vtype = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[1]) if vtype == gguf.GGUFValueType.ARRAY else None
+        if sub == gguf.GGUFValueType.ARRAY:
+            raise InvalidModelError(f"Key '{key}' holds nested arrays, which a GGUF rewrite does not copy.")
+        w.add_key_value(key, f.contents(), vtype, sub_type=sub)

@@ -1,0 +1,568 @@
+"""``aios-convert sparsify``: exact-zero FFN activations without training (calibrated thresholds).
+
+Gated FFNs (SwiGLU, GeGLU) never produce exact zeros, but most of their activations are small:
+zeroing the ones below a per-layer magnitude threshold (CATS; TEAL for every matrix input) keeps
+most of the model's quality at 40-50 % FFN sparsity. The threshold becomes part of the model
+(``runtime/thresholds.py``: GGUF keys ``aios.ffn_threshold.*``), the weights stay as they are,
+and aios-run's exact-sparse mode skips the rows of every zeroed neuron.
+
+Calibration, on the GGUF executed by aios-run (quantized weights in place, its own arithmetic):
+
+1. **Inputs.** One dense pass over the calibration tokens records every layer's FFN input
+   (``Model.ffn_input_hook``).
+2. **Per-layer curves.** For each layer, from those inputs alone: the cut value at each zero
+   fraction of a grid (quantiles of |act(gate)| or |act(gate)·up| over the calibration tokens) and
+   the relative error the cut causes in the layer's FFN output (after Gemma's post-FFN norm, the
+   value added to the residual stream): ``e_l(s) = Σ‖y_s − y‖² / Σ‖y‖²``.
+3. **Sensitivity.** A layer's local error does not say how much the model's output moves; one
+   full forward pass per layer with only that layer cut at ``REFERENCE_LEVEL`` measures the KL
+   divergence of the next-token distribution from the dense model's, ``k_l``, and the layer's cost
+   curve is ``c_l(s) = k_l · e_l(s) / e_l(REFERENCE_LEVEL)``.
+4. **Allocation** (greedy, TEAL-like): every layer starts at 0; the step of one grid level with
+   the smallest cost increase per unit of sparsity is taken, until the mean zero fraction over
+   layers reaches the target. ``--max-ppl-ratio`` instead bisects the target on the calibration
+   tokens' measured perplexity ratio (the greedy path is nested: a higher target only adds steps).
+   ``--allocation uniform`` gives every layer the target (the baseline it is measured against).
+
+The report then measures, on held-out tokens calibration never saw: perplexity of the dense and
+the thresholded file in aios-run, and the exact-zero fraction of the down projections' inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from aios import __version__
+from aios.errors import InvalidModelError, UsageError
+from runtime.thresholds import KEY_SITE, KEY_VALUES, SITES, FfnThresholds
+
+LEVELS = np.round(np.concatenate([np.arange(0.0, 0.9, 0.05), np.arange(0.9, 0.99, 0.025)]), 4)
+REFERENCE_LEVEL = 0.5  # the zero fraction each layer's sensitivity pass cuts it at
+ALLOCATIONS = ("greedy", "uniform")
+# Where gated FFNs are cut by default: measured on the real Gemma 3 270M (docs/benchmarks.md,
+# "Training-free sparsity"): see DEFAULT_SITE_WHY.
+DEFAULT_SITE = {True: "gate", False: "down_in"}
+KEY_PREFIX = "aios.ffn_threshold."
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class SparsifyConfig:
+    """What ``aios-convert sparsify`` was asked for (recorded in the file, ``aios.ffn_threshold.config``)."""
+
+    target: float | None = 0.5  # mean zero fraction over FFN layers on the calibration tokens
+    max_ppl_ratio: float | None = None  # instead of target: the sparsest file within this ratio
+    site: str | None = None  # None: DEFAULT_SITE of the FFN kind
+    allocation: str = "greedy"
+    calibration: str | None = None  # JSONL/TXT file; None: the fixtures' pydoc train split
+    tokens: int = 2048  # calibration tokens (curves and cut values)
+    sensitivity_tokens: int = 256  # tokens of each layer's KL pass
+    window: int = 256  # tokens per forward pass (each window starts with BOS where the model uses one)
+    heldout_tokens: int = 4096  # held-out tokens of the report's perplexity and zero fraction (0: skip)
+    max_layer_sparsity: float = 0.95
+    sparse_down: bool = False  # store FFN down projections neuron-major (re-encoded)
+
+    def check(self, gated: bool) -> None:
+        if (self.target is None) == (self.max_ppl_ratio is None):
+            raise UsageError("Give one of --target and --max-ppl-ratio.")
+        if self.target is not None and not 0 < self.target < 1:
+            raise UsageError(f"--target is a zero fraction between 0 and 1; got {self.target}.")
+        if self.target is not None and self.target > self.max_layer_sparsity:
+            raise UsageError(f"--target {self.target} is above the per-layer cap {self.max_layer_sparsity}.")
+        if self.max_ppl_ratio is not None and not self.max_ppl_ratio > 1:
+            raise UsageError(f"--max-ppl-ratio is a perplexity ratio above 1; got {self.max_ppl_ratio}.")
+        if self.site is not None and self.site not in SITES:
+            raise UsageError(f"--site is one of {', '.join(SITES)}; got {self.site!r}.")
+        if self.site == "gate" and not gated:
+            raise UsageError("--site gate needs a gated FFN (SwiGLU, GeGLU); this model's FFN has no gate: "
+                             "use --site down_in.")
+        if self.allocation not in ALLOCATIONS:
+            raise UsageError(f"--allocation is one of {', '.join(ALLOCATIONS)}; got {self.allocation!r}.")
+        for name in ("tokens", "sensitivity_tokens", "window"):
+            if getattr(self, name) < 2:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 2; got {getattr(self, name)}.")
+
+
+@dataclass
+class LayerCurve:
+    cuts: np.ndarray  # (len(LEVELS),) cut value at each grid zero fraction
+    error: np.ndarray  # (len(LEVELS),) relative error of the layer's FFN output
+    sensitivity: float = 0.0  # KL (nats/token) with only this layer cut at REFERENCE_LEVEL
+
+
+@dataclass
+class SparsifyResult:
+    output: Path | None
+    site: str
+    target: float
+    layer_sparsity: list[float]
+    thresholds: list[float]
+    calibration: dict
+    heldout: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["output"] = None if self.output is None else str(self.output)
+        return d
+
+
+# --- token windows -----------------------------------------------------------------------
+
+
+def bos_prefix(tokenizer) -> list[int]:
+    """The special tokens the model's tokenizer puts before a text (Gemma/Llama: BOS; GPT-2: none)."""
+    ids = tokenizer("", add_special_tokens=True)["input_ids"]
+    return list(ids)
+
+
+def windows(stream: np.ndarray, n_tokens: int, window: int, prefix: list[int]) -> list[list[int]]:
+    """The first ``n_tokens`` of ``stream`` cut into windows of ``window`` tokens, each after ``prefix``."""
+    body = window - len(prefix)
+    if body < 1:
+        raise UsageError(f"--window {window} leaves no room after the {len(prefix)} prefix token(s).")
+    ids = [int(t) for t in stream[:n_tokens]]
+    return [prefix + ids[i : i + body] for i in range(0, len(ids), body) if len(ids[i : i + body]) >= 2]
+
+
+def calibration_stream(tokenizer, path: str | None):
+    """(token stream, description) of the calibration texts."""
+    from aios.evaluation import file_tokens, pydoc_split
+
+    ts = pydoc_split(tokenizer, "train") if path is None else file_tokens(tokenizer, path)
+    return ts.ids.numpy(), ts.describe()
+
+
+# --- measurements on the running model ------------------------------------------------------
+
+
+def capture_ffn_inputs(model, wins: list[list[int]]) -> list[np.ndarray]:
+    """Every layer's FFN input over ``wins`` (dense, no thresholds): a list of (N, d_model)."""
+    seen: list[list[np.ndarray]] = [[] for _ in range(model.hp.n_layers)]
+    model.ffn_input_hook = lambda layer, h: seen[layer].append(np.array(h, np.float32))
+    try:
+        for w in wins:
+            model.reset()
+            model.forward(w)
+    finally:
+        model.ffn_input_hook = None
+        model.reset()
+    return [np.concatenate(s) for s in seen]
+
+
+def ffn_parts(model, layer: int, H: np.ndarray, site: str) -> tuple[np.ndarray, np.ndarray]:
+    """(magnitudes the site's cut compares, the down projection's dense input) for inputs ``H``,
+    computed by the runtime's own kernels and activation."""
+    from runtime.activations import activation
+
+    L, hp = model.layers[layer], model.hp
+    act = model._activation()
+    if "ffn_gate.weight" in L:
+        g = activation(act, L["ffn_gate.weight"].matmul(H) + L.get("ffn_gate.bias", 0), hp.activation_threshold)
+        a = (g * (L["ffn_up.weight"].matmul(H) + L.get("ffn_up.bias", 0))).astype(np.float32)
+        return np.abs(g if site == "gate" else a), a
+    a = activation(act, L["ffn_up.weight"].matmul(H) + L.get("ffn_up.bias", 0), hp.activation_threshold)
+    a = np.asarray(a, np.float32)
+    return np.abs(a), a
+
+
+def _ffn_out(model, layer: int, a: np.ndarray) -> np.ndarray:
+    """What the FFN adds to the residual stream for down-projection input ``a``."""
+    L = model.layers[layer]
+    y = L["ffn_down.weight"].matmul(a)
+    if "ffn_down.bias" in L:
+        y = y + L["ffn_down.bias"]
+    if model.hp.graph.post_norms:  # Gemma: the branch output is normed before the residual add
+        y = model._norm(y, L["post_ffw_norm.weight"], None)
+    return y
+
+
+def layer_curve(model, layer: int, H: np.ndarray, site: str, sample: int = 1 << 20) -> LayerCurve:
+    """Cut values (quantiles over a fixed sample of the layer's magnitudes) and relative output
+    errors at every LEVELS zero fraction."""
+    mag, a = ffn_parts(model, layer, H, site)
+    flat = mag.ravel()
+    if flat.size > sample:  # quantiles of a fixed random sample: the same cuts on every run
+        flat = flat[np.random.default_rng(layer).choice(flat.size, sample, replace=False)]
+    cuts = np.quantile(flat, LEVELS).astype(np.float32)
+    cuts[0] = 0.0
+    y0 = _ffn_out(model, layer, a)
+    ref = float(np.sum(y0.astype(np.float64) ** 2)) or 1.0
+    err = np.zeros(len(LEVELS))
+    for k, t in enumerate(cuts):
+        if k == 0:
+            continue
+        y = _ffn_out(model, layer, np.where(mag < t, 0, a).astype(np.float32))
+        err[k] = float(np.sum((y - y0).astype(np.float64) ** 2)) / ref
+    return LayerCurve(cuts, np.maximum.accumulate(err))  # a deeper cut never costs less
+
+
+def _log_probs(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def nll(model, wins: list[list[int]], cuts: FfnThresholds | None, skip: int) -> tuple[float, int]:
+    """(total NLL in nats, tokens scored) of ``wins`` with ``cuts`` applied; the first ``skip``
+    tokens of each window (its BOS prefix) are context, not scored."""
+    model.thresholds = cuts
+    total, count = 0.0, 0
+    try:
+        for w in wins:
+            model.reset()
+            lp = _log_probs(model.forward(w, all_logits=True)[:-1])
+            tgt = np.asarray(w[1:])
+            rows = np.arange(len(tgt))[max(0, skip - 1):]
+            total -= float(lp[rows, tgt[rows]].sum())
+            count += len(rows)
+    finally:
+        model.thresholds = None
+        model.reset()
+    return total, count
+
+
+def sensitivities(model, wins: list[list[int]], curves: list[LayerCurve], site: str,
+                  progress: Progress | None = None) -> None:
+    """Each curve's ``sensitivity``: mean KL(dense ‖ cut) per token with only its layer cut at
+    REFERENCE_LEVEL, over ``wins``."""
+    n = len(curves)
+    k_ref = int(np.flatnonzero(LEVELS == REFERENCE_LEVEL)[0])
+    kl, count = np.zeros(n), 0
+    try:
+        for j, w in enumerate(wins):
+            model.thresholds = None
+            model.reset()
+            p = _log_probs(model.forward(w, all_logits=True))
+            pe = np.exp(p)
+            for layer in range(n):
+                values = np.zeros(n, np.float32)
+                values[layer] = curves[layer].cuts[k_ref]
+                model.thresholds = FfnThresholds(site, values)
+                model.reset()
+                q = _log_probs(model.forward(w, all_logits=True))
+                kl[layer] += float((pe * (p - q)).sum())
+                if progress:
+                    progress("sensitivity: one layer cut at a time", j * n + layer + 1, len(wins) * n)
+            count += len(w)
+    finally:
+        model.thresholds = None
+        model.reset()
+    for c, k in zip(curves, kl / max(1, count)):
+        c.sensitivity = max(float(k), 0.0)
+
+
+# --- allocation (pure) ------------------------------------------------------------------------
+
+
+def costs(curves: list[LayerCurve]) -> np.ndarray:
+    """(layers, levels) cost of each layer at each level: sensitivity-scaled local error."""
+    k_ref = int(np.flatnonzero(LEVELS == REFERENCE_LEVEL)[0])
+    rows = []
+    for c in curves:
+        scale = c.sensitivity / c.error[k_ref] if c.error[k_ref] > 0 else 0.0
+        rows.append(c.error * scale + c.error * 1e-12)  # ties: the smaller local error first
+    return np.array(rows)
+
+
+def allocate(cost: np.ndarray, target: float, max_level: float, allocation: str = "greedy") -> np.ndarray:
+    """Per layer, the index into LEVELS of its zero fraction: mean over layers ≥ ``target``."""
+    n = cost.shape[0]
+    top = int(np.searchsorted(LEVELS, max_level + 1e-9)) - 1
+    if allocation == "uniform":
+        k = min(int(np.searchsorted(LEVELS, target - 1e-9)), top)
+        return np.full(n, k)
+    idx = np.zeros(n, int)
+    while LEVELS[idx].mean() < target - 1e-9:
+        best, best_rate = -1, math.inf
+        for layer in range(n):
+            k = idx[layer]
+            if k >= top:
+                continue
+            rate = (cost[layer, k + 1] - cost[layer, k]) / (LEVELS[k + 1] - LEVELS[k])
+            if rate < best_rate:
+                best, best_rate = layer, rate
+        if best < 0:
+            break
+        idx[best] += 1
+    return idx
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """Everything measured before a target is chosen: one calibration serves any number of
+    targets (``cuts_for``), as the curve benchmark uses it."""
+
+    model: object  # runtime.model.Model of the source file (dense, thresholds off)
+    tokenizer: object
+    prefix: list[int]
+    site: str
+    curves: list[LayerCurve]
+    cost: np.ndarray
+    wins: list[list[int]]
+    base_nll: float
+    n_scored: int
+    source: dict
+    seconds: dict
+    warnings: list[str]
+
+    def cuts_for(self, target: float, config: SparsifyConfig) -> tuple[np.ndarray, FfnThresholds]:
+        """(per-layer zero fractions, thresholds) for a mean zero fraction of ``target``."""
+        idx = allocate(self.cost, target, config.max_layer_sparsity, config.allocation)
+        values = np.array([c.cuts[k] for c, k in zip(self.curves, idx)], np.float32)
+        return LEVELS[idx], FfnThresholds(self.site, values)
+
+    def ppl_ratio(self, cuts: FfnThresholds) -> float:
+        """Perplexity ratio (cut / dense) on the calibration tokens."""
+        return math.exp((nll(self.model, self.wins, cuts, len(self.prefix))[0] - self.base_nll) / self.n_scored)
+
+
+def check_paths(src: Path, out: Path) -> None:
+    from aios.errors import ModelNotFoundError
+
+    if not src.exists():
+        raise ModelNotFoundError(f"No such GGUF file: {src}.")
+    if not src.is_file() or src.suffix.lower() != ".gguf":
+        raise InvalidModelError(f"sparsify reads a .gguf file; '{src}' is not one (export an HF folder first: "
+                                "`aios-convert gguf MODEL -o FILE.gguf --outtype q8_0`).")
+    if out.exists() and out.resolve() == src.resolve():
+        raise UsageError("-o must differ from the input file (the input is read while writing).")
+    if out.suffix.lower() != ".gguf":
+        raise UsageError(f"-o names the output GGUF; '{out}' does not end in .gguf.")
+
+
+def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = None) -> Calibration:
+    """Load ``src`` in aios-run and measure the per-layer curves and sensitivities."""
+    from aios.models.gguf_tokenizer import load_gguf_tokenizer
+    from runtime.model import Model
+
+    tell = progress or (lambda *a: None)
+    t0 = time.perf_counter()
+    model = Model(src, mode="dense")
+    hp = model.hp
+    config.check(hp.graph.gated_ffn)
+    site = config.site or DEFAULT_SITE[hp.graph.gated_ffn]
+    warnings = []
+    if model.thresholds is not None:
+        warnings.append(f"{src.name} already has FFN thresholds ({model.thresholds.site}); "
+                        "they are recalibrated from the dense model and replaced")
+        model.thresholds = None
+    tok = load_gguf_tokenizer(src)
+    prefix = bos_prefix(tok)
+    stream, source = calibration_stream(tok, config.calibration)
+    wins = windows(stream, config.tokens, config.window, prefix)
+    if not wins:
+        raise UsageError(f"The calibration texts ({source['source']}) gave fewer than 2 tokens.")
+    seconds = {"load": time.perf_counter() - t0}
+
+    t0 = time.perf_counter()
+    tell("calibration: FFN inputs", 0, 1)
+    H = capture_ffn_inputs(model, wins)
+    tell("calibration: FFN inputs", 1, 1)
+    curves = []
+    for layer in range(hp.n_layers):
+        curves.append(layer_curve(model, layer, H[layer], site))
+        H[layer] = None  # type: ignore[call-overload]  (freed as it goes)
+        tell("calibration: per-layer cut curves", layer + 1, hp.n_layers)
+    seconds["curves"] = time.perf_counter() - t0
+    if config.allocation == "greedy":
+        t0 = time.perf_counter()
+        sensitivities(model, windows(stream, config.sensitivity_tokens, config.window, prefix), curves, site,
+                      progress)
+        seconds["sensitivity"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tell("calibration: dense perplexity", 0, 1)
+    base_nll, n_scored = nll(model, wins, None, len(prefix))
+    tell("calibration: dense perplexity", 1, 1)
+    seconds["dense_ppl"] = time.perf_counter() - t0
+    return Calibration(model, tok, prefix, site, curves, costs(curves), wins, base_nll, n_scored, source,
+                       seconds, warnings)
+
+
+def choose_target(cal: Calibration, config: SparsifyConfig, progress: Progress | None = None) -> tuple[float, list]:
+    """The target itself, or under ``max_ppl_ratio`` the largest one (bisection, 7 steps: ~1 % of
+    sparsity) whose calibration perplexity ratio stays within it, with the steps tried."""
+    if config.max_ppl_ratio is None:
+        return float(config.target), []  # type: ignore[arg-type]
+    lo, hi, best, search = 0.0, config.max_layer_sparsity, None, []
+    for step in range(7):
+        mid = (lo + hi) / 2
+        ratio = cal.ppl_ratio(cal.cuts_for(mid, config)[1])
+        search.append({"target": round(mid, 4), "calibration_ppl_ratio": round(ratio, 4)})
+        lo, hi, best = (mid, hi, mid) if ratio <= config.max_ppl_ratio else (lo, mid, best)
+        if progress:
+            progress("searching the target under --max-ppl-ratio", step + 1, 7)
+    if best is None:
+        raise UsageError(f"No FFN sparsity keeps the calibration perplexity within {config.max_ppl_ratio}× "
+                         f"(at {search[-1]['target']:.1%}: {search[-1]['calibration_ppl_ratio']}×).")
+    return best, search
+
+
+def sparsify(model_path: str | Path, output: str | Path, config: SparsifyConfig, *,
+             progress: Progress | None = None) -> SparsifyResult:
+    """Calibrate per-layer thresholds on the GGUF ``model_path`` and write ``output``."""
+    t_start = time.perf_counter()
+    src, out = Path(model_path), Path(output)
+    check_paths(src, out)
+    cal = calibrate(src, config, progress)
+    t0 = time.perf_counter()
+    target, search = choose_target(cal, config, progress)
+    levels, cuts = cal.cuts_for(target, config)
+    calibration = {
+        **cal.source, "tokens_used": int(sum(len(w) for w in cal.wins)), "window": config.window,
+        "allocation": config.allocation, "reference_level": REFERENCE_LEVEL,
+        "ppl_dense": round(math.exp(cal.base_nll / cal.n_scored), 4), "ppl_ratio": round(cal.ppl_ratio(cuts), 4),
+        "sensitivity_kl": [round(c.sensitivity, 6) for c in cal.curves], "target_search": search,
+    }
+    seconds = dict(cal.seconds, allocation=time.perf_counter() - t0)
+    return finish(cal, out, target, levels, cuts, calibration, config, seconds, progress, t_start)
+
+
+def finish(cal: Calibration, out: Path, target: float, levels: np.ndarray, cuts: FfnThresholds, calibration: dict,
+           config: SparsifyConfig, seconds: dict, progress: Progress | None, t_start: float) -> SparsifyResult:
+    """Measure the held-out figures of ``cuts`` and write the file."""
+    heldout = {}
+    if config.heldout_tokens:
+        t0 = time.perf_counter()
+        if progress:
+            progress("held-out perplexity and zeros", 0, 1)
+        heldout = measure_heldout(cal.model, cal.tokenizer, cal.prefix, cuts, config)
+        if progress:
+            progress("held-out perplexity and zeros", 1, 1)
+        seconds["heldout"] = time.perf_counter() - t0
+    result = SparsifyResult(out, cal.site, round(target, 4), [round(float(x), 4) for x in levels],
+                            [float(x) for x in np.ravel(cuts.values)], calibration, heldout, seconds,
+                            list(cal.warnings))
+    result.warnings.append("llama.cpp ignores aios.ffn_threshold.*: it runs this file as the dense "
+                           f"'{cal.model.hp.activation}' model it came from, without the thresholds "
+                           "(aios-run applies them)")
+    t0 = time.perf_counter()
+    write_sparsified(cal.model.path, out, metadata(result, config), cal.model, config.sparse_down, result.warnings)
+    seconds["write"] = time.perf_counter() - t0
+    seconds["total"] = time.perf_counter() - t_start
+    return result
+
+
+def measure_heldout(model, tok, prefix: list[int], cuts: FfnThresholds, config: SparsifyConfig) -> dict:
+    """Perplexity (dense and cut) and the cut model's exact-zero fraction of the down projections'
+    inputs, on the held-out pydoc split (never used by calibration)."""
+    from aios.evaluation import pydoc_split
+
+    ts = pydoc_split(tok, "heldout")
+    wins = windows(ts.ids.numpy(), config.heldout_tokens, config.window, prefix)
+    dense, n = nll(model, wins, None, len(prefix))
+    zeros = np.zeros(model.hp.n_layers)
+    seen = np.zeros(model.hp.n_layers)
+
+    def hook(layer: int, a: np.ndarray) -> None:
+        zeros[layer] += int(np.count_nonzero(a == 0))
+        seen[layer] += a.size
+
+    model.ffn_act_hook = hook
+    try:
+        cut, _ = nll(model, wins, cuts, len(prefix))
+    finally:
+        model.ffn_act_hook = None
+    frac = zeros / np.maximum(seen, 1)
+    return {**ts.describe(), "tokens_scored": n, "ppl_dense": round(math.exp(dense / n), 4),
+            "ppl_sparse": round(math.exp(cut / n), 4), "ppl_ratio": round(math.exp((cut - dense) / n), 4),
+            "mean_exact_zero_fraction": round(float(frac.mean()), 4),
+            "per_layer_exact_zero_fraction": [round(float(x), 4) for x in frac]}
+
+
+def metadata(result: SparsifyResult, config: SparsifyConfig) -> dict[str, object]:
+    """The ``aios.ffn_threshold.*`` keys of the output file."""
+    cfg = asdict(config)
+    if cfg["calibration"]:
+        cfg["calibration"] = Path(cfg["calibration"]).name
+    return {
+        KEY_SITE: result.site,
+        KEY_VALUES: [float(x) for x in result.thresholds],
+        KEY_PREFIX + "layer_sparsity": [float(x) for x in result.layer_sparsity],
+        KEY_PREFIX + "target": float(result.target),
+        KEY_PREFIX + "calibration": json.dumps(result.calibration, sort_keys=True),
+        KEY_PREFIX + "config": json.dumps(cfg, sort_keys=True),
+        KEY_PREFIX + "tool_version": __version__,
+        KEY_PREFIX + "runtime": "aios-run applies the thresholds; llama.cpp ignores them (dense smooth activation)",
+    }
+
+
+def write_sparsified(src: Path, out: Path, meta: dict[str, object], model, sparse_down: bool,
+                     warnings: list[str]) -> None:
+    """``src`` with ``meta`` added: every tensor copied byte for byte, or, with ``sparse_down``,
+    the FFN down projections re-encoded neuron-major (``blk.N.ffn_down.t``)."""
+    import re
+
+    import gguf
+
+    from convert.gguf import add_metadata, atomic_output
+    from convert.gguf.metadata import sparse_down_keys
+    from convert.gguf.writer import FileSlice, copy_fields
+
+    reader = model.reader
+    extra = dict(meta)
+    if sparse_down:
+        extra.update(sparse_down_keys(model.hp.n_layers))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    skip = set(extra)
+    with atomic_output(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), reader.fields["general.architecture"].contents())
+        copy_fields(w, reader, skip=lambda key: key.startswith(KEY_PREFIX) or key in skip)
+        add_metadata(w, extra)
+        data = []
+        for t in reader.tensors:
+            if sparse_down and re.fullmatch(r"blk\.\d+\.ffn_down\.weight", t.name):
+                name, arr, typ, why = _neuron_major(src, t)
+                if why:
+                    warnings.append(f"{name}: {why}")
+                w.add_tensor_info(name, _elem_shape(t), np.dtype(np.float32), int(arr.nbytes),
+                                  raw_dtype=gguf.GGMLQuantizationType[typ])
+                data.append(arr)
+                continue
+            w.add_tensor_info(t.name, tuple(int(d) for d in reversed(t.shape.tolist())),
+                              np.dtype(np.float32), int(t.n_bytes), raw_dtype=t.tensor_type)
+            data.append(FileSlice(src, int(t.data_offset), int(t.n_bytes)))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for d in data:
+            w.write_tensor_data(d)  # type: ignore[arg-type]
+        w.close()
+
+
+def _elem_shape(t) -> tuple[int, int]:
+    """The neuron-major shape (d_ffn, d_model) of down projection ``t`` (stored d_model × d_ffn)."""
+    d_ffn, d_model = (int(x) for x in t.shape.tolist())  # ggml order: row length first
+    return d_ffn, d_model
+
+
+def _neuron_major(src: Path, t) -> tuple[str, np.ndarray, str, str | None]:
+    """(name, encoded bytes, GGML type name, fallback reason) of ``t`` transposed to d_ffn rows
+    of d_model, in its own type where d_model fits the type's blocks (else the export's fallback)."""
+    from convert.gguf.plan import SPARSE_DOWN
+    from convert.gguf.tensors import choose_type, encode
+    from runtime.measure import gguf_row_reader
+
+    d_ffn, d_model = _elem_shape(t)
+    w = gguf_row_reader(src)(t.name, 0, d_model)  # (d_model, d_ffn) float32, the stored values
+    wt = np.ascontiguousarray(w.T)
+    kind = t.tensor_type.name.lower()
+    typ, why = choose_type(wt.shape, kind) if kind in _ENCODABLE else ("q8_0", f"{kind.upper()} is not re-encoded "
+                                                                               "by this tool")
+    arr = encode(wt, typ)
+    return SPARSE_DOWN.format(base=t.name.removesuffix(".weight")), arr, typ.upper(), (
+        None if why is None else f"stored as {typ.upper()} ({why})")
+
+
+_ENCODABLE = ("f32", "f16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k", "q2_k")

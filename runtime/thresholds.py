@@ -1,0 +1,68 @@
+"""Calibrated per-layer FFN thresholds (``aios-convert sparsify``), as the forward pass applies them.
+
+A sparsified file keeps its weights and its smooth activation (SiLU, GELU) and adds one number
+per layer: activations whose magnitude is below the layer's threshold are set to exactly zero.
+The threshold is part of the model (the contract's R1 admits "a thresholded ReLU whose threshold
+is part of the activation"), so aios-run applies it in every FFN mode, and the exact-sparse mode
+skips the weight rows of the zeroed neurons with results equal to the thresholded dense model.
+
+Where the cut is made (``aios.ffn_threshold.site``):
+
+``gate``     gated FFNs (SwiGLU, GeGLU): |act(gate)| < t → 0 (CATS). The up row and the down
+             row of a zeroed neuron are both skipped; the gate is computed in full.
+``down_in``  the input of the down projection: |act(gate)·up| < t (gated) or |act(up)| < t
+             (plain MLPs) → 0. Only down rows are skipped (all of gate and up are read), but at
+             one zero fraction it costs less quality than ``gate`` in gated FFNs.
+
+GGUF keys (read here, written by ``convert/sparsify.py``):
+``aios.ffn_threshold.site`` (string), ``aios.ffn_threshold.values`` (float32 array: one value per
+layer, or one per neuron, layer-major: ``n_layers × d_ffn``); the calibration's record lives beside them (``aios.ffn_threshold.*``) and is not read by
+the forward pass. llama.cpp ignores all of them and runs the dense smooth activation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from aios.errors import InvalidModelError
+
+SITES = ("gate", "down_in")
+KEY_SITE = "aios.ffn_threshold.site"
+KEY_VALUES = "aios.ffn_threshold.values"
+
+
+@dataclass(frozen=True)
+class FfnThresholds:
+    site: str  # one of SITES
+    # (n_layers,) one cut per layer, or (n_layers, d_ffn) one per neuron; float32, ≥ 0 (0: no cut)
+    values: np.ndarray
+
+    def cut(self, x: np.ndarray, layer: int) -> np.ndarray:
+        """``x`` (tokens, d_ffn) with every entry of magnitude below its threshold set to 0 (in place)."""
+        t = self.values[layer]
+        if t.ndim or t > 0:
+            x[np.abs(x) < t] = 0
+        return x
+
+
+def read(store, n_layers: int, d_ffn: int, gated: bool, path: Path) -> FfnThresholds | None:
+    """The file's thresholds, None when it has none; one sentence (exit 4) when they are unusable."""
+    site, values = store.field(KEY_SITE), store.field(KEY_VALUES)
+    if site is None and values is None:
+        return None
+    if site not in SITES:
+        raise InvalidModelError(f"{path}: '{KEY_SITE}' is {site!r}; the runtime knows {', '.join(SITES)}.")
+    if site == "gate" and not gated:
+        raise InvalidModelError(f"{path}: '{KEY_SITE}' is 'gate' but the FFN has no gate.")
+    if (not isinstance(values, list) or len(values) not in (n_layers, n_layers * d_ffn)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                       for v in values)):
+        shown = f"{len(values)} values" if isinstance(values, list) else repr(values)
+        raise InvalidModelError(f"{path}: '{KEY_VALUES}' must hold {n_layers} (one per layer) or "
+                                f"{n_layers} × {d_ffn} (one per neuron) finite numbers ≥ 0; it has {shown}.")
+    v = np.asarray(values, np.float32)
+    return FfnThresholds(site, v if len(v) == n_layers else v.reshape(n_layers, d_ffn))

@@ -1,0 +1,200 @@
+"""aios-convert sparsify: calibrated FFN thresholds, the file they are written to, and aios-run
+applying them (tiny fixtures; the real-model figures are in benchmarks/sparsify_curve.py)."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from aios.errors import ExitCode, InvalidModelError, UsageError
+from aios.models.aliases import FIXTURES_DIR
+from convert.cli import main
+from convert.sparsify import LEVELS, SparsifyConfig, allocate, sparsify
+
+SMALL = dict(tokens=192, sensitivity_tokens=64, window=64, heldout_tokens=128)
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory):
+    """{(fixture, outtype): path} exported once for the module."""
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    root = tmp_path_factory.mktemp("sparsify-src")
+    out = {}
+    for fixture, outtype in (("tiny-llama", "f32"), ("tiny-llama", "q8_0"), ("tiny-falcon", "f32")):
+        p = root / f"{fixture}-{outtype}.gguf"
+        export_gguf(str(FIXTURES_DIR / fixture), p, GGUFExportConfig(outtype=outtype))
+        out[(fixture, outtype)] = p
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama50(ggufs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sparsify-out") / "llama50.gguf"
+    return sparsify(ggufs[("tiny-llama", "f32")], out, SparsifyConfig(target=0.5, **SMALL))
+
+
+def _tensors(path):
+    r = gguf.GGUFReader(str(path))
+    return {t.name: (t.tensor_type, bytes(np.asarray(t.data).tobytes())) for t in r.tensors}, r
+
+
+def test_weights_are_copied_byte_for_byte_and_thresholds_added(ggufs, llama50):
+    src_t, _ = _tensors(ggufs[("tiny-llama", "f32")])
+    out_t, r = _tensors(llama50.output)
+    assert src_t == out_t  # same names, same types, same bytes
+    site = r.get_field("aios.ffn_threshold.site").contents()
+    values = r.get_field("aios.ffn_threshold.values").contents()
+    assert site == "gate" == llama50.site  # the default for a gated FFN
+    assert len(values) in (6, 6 * 352) and all(v >= 0 for v in values)
+    assert llama50.target == 0.5 and np.mean(llama50.layer_sparsity) >= 0.5 - 1e-6
+    json.loads(r.get_field("aios.ffn_threshold.calibration").contents())
+
+
+def test_heldout_zero_fraction_is_measured_near_the_calibrated_one(llama50):
+    h = llama50.heldout
+    assert h["tokens_scored"] > 0 and h["ppl_sparse"] > 0 and h["ppl_dense"] > 0
+    # measured by running the file with hooks, not copied from the calibration
+    assert abs(h["mean_exact_zero_fraction"] - np.mean(llama50.layer_sparsity)) < 0.15
+
+
+def test_runtime_applies_the_thresholds_and_sparse_mode_equals_dense(ggufs, llama50):
+    from runtime.model import Model
+
+    ids = list(range(5, 29))
+    plain = Model(ggufs[("tiny-llama", "f32")]).forward(ids, all_logits=True)
+    dense = Model(llama50.output, mode="dense")
+    d = dense.forward(ids, all_logits=True)
+    assert dense.thresholds is not None
+    assert not np.allclose(plain, d, atol=1e-4)  # the thresholds change the model
+    sparse = Model(llama50.output, mode="sparse")
+    s = sparse.forward(ids, all_logits=True)
+    np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
+    # and a decode step reads fewer weight bytes: the up and down rows of the cut neurons
+    for m in (dense, sparse):
+        m.counter.reset()
+        m.forward([7])
+    assert sparse.counter.totals["weights"] < dense.counter.totals["weights"]
+
+
+def test_decode_steps_apply_the_thresholds_too(llama50):
+    """One-token steps take the compiled block path in dense mode unless thresholds are set."""
+    from runtime.model import Model
+
+    ids = list(range(5, 17))
+    whole = Model(llama50.output).forward(ids, all_logits=True)[-1]
+    m = Model(llama50.output)
+    for t in ids:
+        last = m.forward([t])[-1]
+    np.testing.assert_allclose(last, whole, rtol=0, atol=1e-4 * np.abs(whole).max())
+
+
+def test_quantized_source_with_sparse_down(ggufs, tmp_path):
+    from runtime.model import Model
+
+    out = tmp_path / "q8.gguf"
+    res = sparsify(ggufs[("tiny-llama", "q8_0")], out, SparsifyConfig(target=0.6, sparse_down=True, **SMALL))
+    out_t, r = _tensors(out)
+    src_t, _ = _tensors(ggufs[("tiny-llama", "q8_0")])
+    assert "blk.0.ffn_down.t" in out_t and "blk.0.ffn_down.weight" not in out_t
+    assert {k: v for k, v in out_t.items() if ".ffn_down." not in k} == \
+        {k: v for k, v in src_t.items() if ".ffn_down." not in k}
+    assert out_t["blk.0.ffn_down.t"][0] == gguf.GGMLQuantizationType.Q8_0
+    ids = list(range(3, 19))
+    d = Model(out, mode="dense").forward(ids, all_logits=True)
+    s = Model(out, mode="sparse").forward(ids, all_logits=True)
+    np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
+    assert res.heldout["mean_exact_zero_fraction"] > 0.4
+
+
+def test_plain_mlp_cuts_the_down_input(ggufs, tmp_path):
+    res = sparsify(ggufs[("tiny-falcon", "f32")], tmp_path / "f.gguf", SparsifyConfig(target=0.5, **SMALL))
+    assert res.site == "down_in"
+    with pytest.raises(UsageError, match="no gate"):
+        sparsify(ggufs[("tiny-falcon", "f32")], tmp_path / "g.gguf", SparsifyConfig(target=0.5, site="gate", **SMALL))
+    assert not (tmp_path / "g.gguf").exists()
+
+
+def test_check_measures_r1_and_names_the_thresholds(ggufs, tmp_path):
+    from contract.check import check_model
+
+    out = tmp_path / "s80.gguf"
+    sparsify(ggufs[("tiny-llama", "f32")], out, SparsifyConfig(target=0.85, heldout_tokens=0,
+                                                                **{k: v for k, v in SMALL.items()
+                                                                   if k != "heldout_tokens"}))
+    r1 = next(r for r in check_model(str(out), samples=8, max_tokens=64).requirements if r.id == "R1")
+    assert r1.status.value == "pass", r1.summary
+    assert "threshold" in r1.summary and "threshold" in r1.details["zeros_from"]
+
+
+# --- allocation (pure) ----------------------------------------------------------------------
+
+
+def test_greedy_allocation_puts_sparsity_where_it_is_cheap():
+    cost = np.vstack([LEVELS * 10.0, LEVELS * 1.0, LEVELS**2])
+    idx = allocate(cost, 0.5, 0.95)
+    levels = LEVELS[idx]
+    assert levels.mean() >= 0.5 - 1e-9
+    assert levels[0] < levels[1]  # the expensive layer gives up least
+    assert levels.max() <= 0.95
+
+
+def test_uniform_allocation_and_the_cap():
+    cost = np.zeros((4, len(LEVELS)))
+    assert set(LEVELS[allocate(cost, 0.5, 0.95, "uniform")]) == {0.5}
+    assert LEVELS[allocate(cost, 0.9, 0.8)].max() <= 0.8  # capped even when the target cannot be met
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def test_bad_options_and_files_are_one_sentence(ggufs, tmp_path):
+    src = str(ggufs[("tiny-llama", "f32")])
+    r = CliRunner().invoke(main, ["sparsify", src, "-o", str(tmp_path / "x.gguf"), "--target", "1.5"])
+    assert r.exit_code == ExitCode.USAGE and "--target" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["sparsify", str(tmp_path / "missing.gguf"), "-o", str(tmp_path / "x.gguf")])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["sparsify", src, "-o", src])
+    assert r.exit_code == ExitCode.USAGE
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 12)
+    r = CliRunner().invoke(main, ["sparsify", str(bad), "-o", str(tmp_path / "y.gguf")])
+    assert r.exit_code == ExitCode.BAD_INPUT and "Traceback" not in r.output
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "y.gguf").exists()
+
+
+def test_a_file_with_unusable_thresholds_is_refused(llama50, tmp_path):
+    from convert.gguf import atomic_output
+    from convert.gguf.writer import FileSlice, copy_fields
+    from runtime.model import Model
+
+    r = gguf.GGUFReader(str(llama50.output))
+    out = tmp_path / "lying.gguf"
+    with atomic_output(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), r.fields["general.architecture"].contents())
+        copy_fields(w, r, skip=lambda k: k == "aios.ffn_threshold.values")
+        w.add_array("aios.ffn_threshold.values", [0.1, 0.2])
+        for t in r.tensors:
+            w.add_tensor_info(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), np.dtype(np.float32),
+                              int(t.n_bytes), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t in r.tensors:
+            w.write_tensor_data(FileSlice(llama50.output, int(t.data_offset), int(t.n_bytes)))
+        w.close()
+    with pytest.raises(InvalidModelError, match="aios.ffn_threshold.values"):
+        Model(out)
+
+
+def test_cli_json(ggufs, tmp_path):
+    out = tmp_path / "c.gguf"
+    r = CliRunner().invoke(main, ["sparsify", str(ggufs[("tiny-llama", "f32")]), "-o", str(out), "--target", "0.4",
+                                  "--tokens", "128", "--heldout-tokens", "64", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["target"] == 0.4 and d["site"] == "gate" and out.is_file()
