@@ -46,12 +46,12 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
 
 def load_tokenizer(gguf_path: Path, tokenizer_dir: Path | None = None):
     """The tokenizer embedded in the GGUF (via transformers), or one from ``tokenizer_dir``."""
-    from transformers import AutoTokenizer
-
     from aios.models.gguf_tokenizer import load_gguf_tokenizer
 
     try:
         if tokenizer_dir is not None:
+            from transformers import AutoTokenizer  # (imports torch: not on the GGUF path)
+
             return AutoTokenizer.from_pretrained(str(tokenizer_dir))
         return load_gguf_tokenizer(gguf_path)
     except Exception as e:  # transformers raises many types for a missing/odd tokenizer

@@ -259,8 +259,6 @@ class ModelHandle:
         return model, info
 
     def load_tokenizer(self):
-        from transformers import AutoTokenizer
-
         if self.path is None:
             self.require_weights("Tokenizing")
         assert self.path is not None
@@ -269,6 +267,8 @@ class ModelHandle:
                 from aios.models.gguf_tokenizer import load_gguf_tokenizer
 
                 return load_gguf_tokenizer(self.path)
+            from transformers import AutoTokenizer  # (imports torch: not on the GGUF path)
+
             return AutoTokenizer.from_pretrained(str(self.path))
         except (OSError, ValueError, KeyError) as e:
             raise InvalidModelError(
