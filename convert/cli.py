@@ -239,8 +239,9 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
               help="Instead of --target: the sparsest thresholds whose calibration perplexity ratio stays "
                    "within this (e.g. 1.05).")
 @click.option("--site", type=click.Choice(SPARSIFY_SITES), default=None,
-              help="What is cut: gate = |act(gate)| (skips up and down rows; default for gated FFNs), "
-                   "down_in = the down projection's input (skips down rows; plain MLPs).")
+              help="What is cut: down_in = the down projection's input (skips down rows; the default: "
+                   "least perplexity per zero), gate = |act(gate)| weighted per neuron (gated FFNs; skips up "
+                   "and down rows: twice the bytes, more perplexity).")
 @click.option("--allocation", type=click.Choice(SPARSIFY_ALLOCATIONS), default="greedy", show_default=True,
               help="greedy: per-layer levels by measured sensitivity; uniform: every layer at the target.")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,

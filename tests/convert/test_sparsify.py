@@ -49,8 +49,8 @@ def test_weights_are_copied_byte_for_byte_and_thresholds_added(ggufs, llama50):
     assert src_t == out_t  # same names, same types, same bytes
     site = r.get_field("aios.ffn_threshold.site").contents()
     values = r.get_field("aios.ffn_threshold.values").contents()
-    assert site == "gate" == llama50.site  # the default for a gated FFN
-    assert len(values) in (6, 6 * 352) and all(v >= 0 for v in values)
+    assert site == "down_in" == llama50.site  # the default (measured: best quality per zero)
+    assert len(values) == 6 and all(v >= 0 for v in values) and not llama50.per_neuron
     assert llama50.target == 0.5 and np.mean(llama50.layer_sparsity) >= 0.5 - 1e-6
     json.loads(r.get_field("aios.ffn_threshold.calibration").contents())
 
@@ -74,11 +74,30 @@ def test_runtime_applies_the_thresholds_and_sparse_mode_equals_dense(ggufs, llam
     sparse = Model(llama50.output, mode="sparse")
     s = sparse.forward(ids, all_logits=True)
     np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
-    # and a decode step reads fewer weight bytes: the up and down rows of the cut neurons
+    # and a decode step reads fewer weight bytes: the down rows of the cut neurons
     for m in (dense, sparse):
         m.counter.reset()
         m.forward([7])
     assert sparse.counter.totals["weights"] < dense.counter.totals["weights"]
+
+
+def test_gate_site_cuts_per_neuron_and_skips_up_rows_too(ggufs, tmp_path):
+    from runtime.model import Model
+
+    out = tmp_path / "gate.gguf"
+    res = sparsify(ggufs[("tiny-llama", "f32")], out, SparsifyConfig(target=0.5, site="gate", **SMALL))
+    r = gguf.GGUFReader(str(out))
+    assert r.get_field("aios.ffn_threshold.site").contents() == "gate" and res.per_neuron
+    assert len(r.get_field("aios.ffn_threshold.values").contents()) == 6 * 352  # one per neuron
+    ids = list(range(5, 29))
+    dense, sparse = Model(out, mode="dense"), Model(out, mode="sparse")
+    d, s = dense.forward(ids, all_logits=True), sparse.forward(ids, all_logits=True)
+    np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
+    for m in (dense, sparse):
+        m.counter.reset()
+        m.forward([7])
+    up = [t for t in sparse.counter.per_tensor if "ffn_up" in t]
+    assert sum(sparse.counter.per_tensor[t] for t in up) < sum(dense.counter.per_tensor[t] for t in up)
 
 
 def test_decode_steps_apply_the_thresholds_too(llama50):
@@ -197,4 +216,4 @@ def test_cli_json(ggufs, tmp_path):
                                   "--tokens", "128", "--heldout-tokens", "64", "--json", "-q"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert d["target"] == 0.4 and d["site"] == "gate" and out.is_file()
+    assert d["target"] == 0.4 and d["site"] == "down_in" and out.is_file()
