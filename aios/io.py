@@ -1,4 +1,5 @@
-"""File I/O every package shares: atomic writes and file digests (bottom layer: ``aios`` only).
+"""File I/O every package shares: atomic writes, file digests and the cache folder (bottom
+layer: ``aios`` only).
 
 Atomic writes: temp file in the destination folder, fsync, rename.
 
@@ -91,3 +92,10 @@ def hash_file(h: H, path: str | Path) -> H:
 def sha256_file(path: str | Path) -> str:
     """Hex SHA-256 of the file at ``path`` — the one file digest the toolchain's provenance uses."""
     return hash_file(hashlib.sha256(), path).hexdigest()
+
+
+def cache_root() -> Path:
+    """The toolchain's cache folder outside the repository: ``$AIOS_CACHE``, by default
+    ``~/.cache/aios`` (fetched models, numba's compiled kernels)."""
+    root = os.environ.get("AIOS_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "aios"

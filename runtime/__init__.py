@@ -1,1 +1,100 @@
-"""numpy/numba engine for converted artifacts, with byte accounting (MB/token)."""
+"""numpy/numba engine for converted artifacts, with byte accounting (MB/token).
+
+Importing it points numba's on-disk cache (every ``cache=True`` function) at a folder named by a
+hash of this package's sources, ``$AIOS_CACHE/numba/<hash>`` (``numba_cache_dir``; AIOS_CACHE
+defaults to ``~/.cache/aios``). numba checks only the source of the file that defines a compiled
+function, while a kernel inlines intrinsics from other files of runtime/kernels and
+runtime.ops / runtime.decode_block compile calls into the kernels: under one folder for all
+sources, an edit to one file could leave another file's cached kernel running the old code.
+Keyed by the sources, an edit anywhere in runtime/ starts a fresh folder (everything compiles
+again once), and the same sources, reinstalled too, find theirs again.
+
+A NUMBA_CACHE_DIR the user set is left as it is (then clear it after editing a kernel). The one
+chosen here is exported with AIOS_NUMBA_CACHE_DIR beside it, so a child process that imports
+``runtime`` chooses again for its own sources. Folders of other sources are removed once they
+are neither among the KEEP most recently used nor used for KEEP_DAYS (a process still running
+on a removed folder loses nothing it needs: numba reads a missing file as a cache miss and
+creates the folder again when it saves). Where no folder can be made (a read-only home),
+numba's default, ``__pycache__`` beside each file, stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from aios.io import cache_root
+
+CHOSEN_ENV = "AIOS_NUMBA_CACHE_DIR"  # the NUMBA_CACHE_DIR chosen here (not the user's)
+KEEP = 8  # the most recently used cache folders, always kept
+KEEP_DAYS = 7  # the others are kept while used within this many days
+
+
+def sources_key(root: Path | None = None) -> str:
+    """16 hex digits of a SHA-256 over the .py files under ``root`` (this package): each file's
+    relative path, size and bytes, in sorted order (``__pycache__`` and dot files skipped)."""
+    root = Path(__file__).resolve().parent if root is None else root
+    h = hashlib.sha256()
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(n for n in names if n.endswith(".py") and not n.startswith(".")):
+            path = Path(folder, name)
+            data = path.read_bytes()
+            h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()[:16]
+
+
+def numba_cache_dir() -> Path:
+    """Where numba caches the kernels of these sources: ``$AIOS_CACHE/numba/<sources_key>``."""
+    return cache_root() / "numba" / sources_key()
+
+
+def _is_key(name: str) -> bool:
+    return len(name) == 16 and all(c in "0123456789abcdef" for c in name)
+
+
+def prune(folder: Path, keep: Path) -> None:
+    """Remove the cache folders in ``folder`` other than ``keep`` past the KEEP most recently
+    used (a folder's modification time: ``_use_numba_cache`` touches it) unused for KEEP_DAYS."""
+    used = []
+    for p in folder.iterdir():
+        if p != keep and _is_key(p.name) and p.is_dir():
+            used.append((p.stat().st_mtime, p))
+    used.sort(reverse=True)
+    cutoff = time.time() - KEEP_DAYS * 86400
+    for mtime, p in used[KEEP - 1:]:
+        if mtime < cutoff:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _use_numba_cache() -> None:
+    chosen, user = os.environ.get(CHOSEN_ENV), os.environ.get("NUMBA_CACHE_DIR")
+    if user and user != chosen:
+        return  # the user's folder
+    config = sys.modules.get("numba.core.config")  # numba imported already: its config read the environment
+    try:
+        path = numba_cache_dir()
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        if user:  # a parent's choice, for other sources maybe: numba's default instead
+            os.environ.pop("NUMBA_CACHE_DIR")
+            os.environ.pop(CHOSEN_ENV, None)
+            if config is not None:
+                config.CACHE_DIR = ""
+        return
+    os.environ["NUMBA_CACHE_DIR"] = os.environ[CHOSEN_ENV] = str(path)
+    if config is not None:
+        config.CACHE_DIR = str(path)
+    try:
+        os.utime(path)  # its last use, for prune
+        prune(path.parent, path)
+    except OSError:
+        pass  # another process pruning at the same time, say: the next import tries again
+
+
+_use_numba_cache()

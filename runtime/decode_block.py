@@ -25,8 +25,10 @@ model's every layer and its output matrix allow it (``Model._compiled_step``); `
 ``float_parallel_step`` do the same with the float blocks and an F16/BF16 output matrix. Decode only (one
 token): a prompt's chunk spends its time in the kernels already.
 
-numba caches this module's functions by this file only: after changing a kernel in
-runtime/kernels.py or runtime/ggml_ops.py during development, clear ``__pycache__`` here too.
+numba's cache checks only this file's source for this module's functions, which compile the
+kernels of runtime/kernels and runtime/ggml_ops in: ``runtime`` keys the cache folder by all of
+runtime/'s sources, so an edited kernel recompiles this module too (under a NUMBA_CACHE_DIR of
+your own, clear it after editing a kernel).
 """
 
 from __future__ import annotations

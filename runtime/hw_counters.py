@@ -195,7 +195,7 @@ def _check_no_compile(proc: subprocess.CompletedProcess, what: str) -> None:
         raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
     if "index saved" in proc.stdout:
         raise RuntimeError(f"{what}: numba compiled a kernel under valgrind (its cache was not warm for "
-                           "valgrind's CPU, e.g. runtime/kernels.py changed meanwhile); the LL misses of "
+                           "valgrind's CPU, e.g. a runtime/ source changed meanwhile); the LL misses of "
                            "the compilation would enter the slope. Run again.")
 
 

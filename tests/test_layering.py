@@ -4,7 +4,8 @@
 - no private name (``_x``) imported from another module;
 - library modules import only their own package, ``aios`` and the allowed exceptions; each
   package's ``cli`` (and ``*_cli``) modules are the top layer and may import anything;
-- no module outside the architecture table compares an architecture name.
+- no module outside the architecture table compares an architecture name;
+- every file of the kernels package (runtime/kernels) stays under KERNEL_FILE_LINES lines.
 """
 
 from __future__ import annotations
@@ -112,3 +113,13 @@ def test_no_architecture_name_comparisons_outside_the_table():
     bad = [f"{m}: {line.strip()}" for m, p in MODULES.items() if m not in skip
            for line in p.read_text().splitlines() if pattern.search(line)]
     assert not bad, bad
+
+
+KERNEL_FILE_LINES = 600  # runtime/kernels is split along its seams to stay readable file by file
+
+
+def test_kernel_files_stay_short():
+    files = sorted((ROOT / "runtime" / "kernels").rglob("*.py"))
+    assert files, "runtime/kernels has no Python files"
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) >= KERNEL_FILE_LINES}
+    assert not long, long

@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from aios import quant
 from convert import kquants
 from convert.gguf import tensors as gt
-from runtime import kernels, kernels_k
+from runtime import kernels
 from runtime.weights import BLOCK_TYPES, KERNELS, KQUANT_TYPES, SUPPORTED_TYPES, from_gguf_tensor, transpose
 
 
@@ -54,10 +54,11 @@ def test_sizes_come_from_gguf_py():
 
 def test_module_constants_agree_with_the_table():
     assert kernels.QK == quant.block_size("Q8_0") == quant.block_size("Q4_0")
-    assert kernels_k.QK_K == kquants.QK_K == quant.QK_K
-    for t in kernels_k.TYPES:
+    assert kernels.QK_K == kquants.QK_K == quant.QK_K
+    for t in kernels.KQ_TYPES:
         size = GGML_QUANT_SIZES[quant.qtype(t)][1]
-        assert kernels_k.BLOCK_BYTES[t] == kernels.KQ_BYTES[t.lower()] == size
+        assert kernels.KQ_BYTES[t] == size
+    assert kernels.KQ_XSUM == {"q2_k": quant.QK_K // 16, "q4_k": quant.QK_K // 8, "q5_k": quant.QK_K // 8}
     for t in kernels.B32:
         assert kernels.B32_BYTES[t] == GGML_QUANT_SIZES[quant.qtype(t)][1]
     assert kernels.KVALUES_IQ4NL == gguf.quants.IQ4_NL.kvalues
@@ -82,7 +83,7 @@ def test_registry_is_the_supported_types():
         assert quant.qtype(kind) in GGML_QUANT_SIZES
         assert (spec.layout == "blocks") == (quant.block_size(kind) > 1)
         assert (spec.sparse is not None) == (spec.layout == "elements")
-    assert set(kernels_k.BLOCK_BYTES) == set(KQUANT_TYPES)
+    assert {t.upper() for t in kernels.KQ_BYTES} == set(KQUANT_TYPES)
 
 
 def _encode(W: np.ndarray, kind: str) -> tuple[np.ndarray, GGMLQuantizationType]:

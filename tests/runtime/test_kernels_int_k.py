@@ -227,7 +227,7 @@ def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, prese
 
 # The float K-quant kernel is numba code with fastmath (reassociation allowed), and numba makes its
 # machine code in one of two ways: JIT-compiled in this process, or object code loaded from its
-# on-disk cache (runtime/__pycache__), which a process that compiled it earlier emitted. The two
+# on-disk cache (runtime.numba_cache_dir()), which a process that compiled it earlier emitted. The two
 # are separate LLVM code generations and need not round alike: for the K-quants with minimums
 # (Q2_K, Q4_K, Q5_K) about one output in three differs in its last bit (2.5e-8-4.8e-8 of max|Y|,
 # measured here; Q3_K, Q6_K and IQ4_XS agreed). ``rows=None`` and a row list are two

@@ -107,7 +107,7 @@ def test_llama_cpps_q5_0_batch_arithmetic_is_the_signed_block_dot(real_gemma):
                    reason="Q5_0 is not in kernels.BLOCKWISE: its quad kernel (kept for speed) adds the −16 "
                    "offset as a float term per block, ~1e-6 from llama.cpp on ~89 % of the outputs")
 def test_int8_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma, arithmetic):
-    """The int8 Q5_0 kernel sums as llama.cpp does (runtime/kernels.py BLOCKWISE: each block's
+    """The int8 Q5_0 kernel sums as llama.cpp does (runtime/kernels/blocks32.py BLOCKWISE: each block's
     signed Σ(n−16)·q_x in 8 int32 lanes, one fma per block), so the real file's layer-0 up
     projection equals llama.cpp's bit for bit."""
     arithmetic("int8")

@@ -1,0 +1,136 @@
+"""What the runtime calls: a block type's matmul in float (``mm_block``), in int8
+(``mm_block_int8``) or in the process's arithmetic (``mm_block_arith``, and ``mm_f16_arith`` for
+F16 weights; ``set_arithmetic``), the int8 blocks of one input shared by the matmuls that read it
+(``share_input``), and the arithmetic as the outputs print it (``arithmetic_label``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.kernels.blocks32 import B32, B32_KIND, mm_b32
+from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8
+from runtime.kernels.float_rows import (
+    LUT_F16,
+    ONE_ROW_X_BYTES,
+    mm_f16,
+    mm_f16_half_x,
+    mm_f16_half_x_one,
+    mm_lut_rows,
+)
+from runtime.kernels.ir_helpers import int_dot_features
+from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
+from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
+from runtime.kernels.quantize import quantize_activations, quantize_activations_k
+
+# --- the process-wide arithmetic of the block kernels ----------------------------------------
+ARITHMETICS = ("int8", "float")  # --arithmetic choices; the first is the default
+INT8_TYPES = B32  # 32-value block types with an int8-activation kernel (Q8_0 activation blocks)
+INT8_ALL = B32 + KQ_INT  # every type with an int8 kernel (``mm_block_int8``); the rest run float
+INT8_DEFAULT = frozenset(INT8_ALL)  # the types "int8" runs int8 (all that have a kernel)
+_ARITHMETIC = {"name": ARITHMETICS[0]}
+
+
+def set_arithmetic(name: str) -> str:
+    """Run the block kernels with ``name`` arithmetic: "int8" (activations quantized to int8
+    blocks per matmul, integer block dot products; types outside INT8_TYPES stay float) or
+    "float" (weights decoded to float times float activations). Returns the name in effect."""
+    from aios.errors import UsageError
+
+    if name not in ARITHMETICS:
+        raise UsageError(f"Unknown arithmetic '{name}'; choose from {', '.join(ARITHMETICS)}.")
+    _ARITHMETIC["name"] = name
+    return name
+
+
+def arithmetic() -> str:
+    """The block kernels' arithmetic in effect ("int8" or "float")."""
+    return _ARITHMETIC["name"]
+
+
+def mm_block(fmt, W, X, rows, Y):
+    """Y[:, rows] = X @ W[rows]ᵀ (rows None: every row) for a block type ``fmt`` (our lower-case name: "q8_0", "q4_k",
+    ...); W (n, bytes per row) uint8 holds each row's blocks exactly as the file stores them.
+    Float arithmetic always; ``mm_block_arith`` follows the process's ``set_arithmetic``."""
+    if fmt in B32_KIND:
+        mm_b32(W, X, rows, Y, B32_KIND[fmt])
+    else:  # types without a minimum get X in place of the (unused) sums
+        mm_kq(W, X, xsum(X, KQ_XSUM[fmt]) if fmt in KQ_XSUM else X, rows, Y, KQ_KIND[fmt])
+
+
+BLOCK_TYPES = B32 + KQ_TYPES  # every type mm_block runs
+
+
+# The input several matmuls of a step share (q/k/v read one normed vector, gate/up another):
+# while ``share_input(X)`` holds X, its int8 blocks are computed once per activation format
+# rather than once per matrix. The caller (Model) must not change X in place meanwhile.
+_SHARED: dict = {"x": None, "q": {}}
+
+
+def share_input(X: np.ndarray | None) -> None:
+    """Quantize ``X`` once for the matmuls that follow (None: stop sharing)."""
+    _SHARED["x"] = X
+    _SHARED["q"] = {}
+
+
+def _quantized(X, how):  # how: "k" (Q8_K), False (Q8_0) or True (Q8_1)
+    shared = X is _SHARED["x"]
+    if shared and how in _SHARED["q"]:
+        return _SHARED["q"][how]
+    q = quantize_activations_k(X) if how == "k" else quantize_activations(X, how)
+    if shared:
+        _SHARED["q"][how] = q
+    return q
+
+
+def mm_block_int8(fmt, W, X, rows, Y):
+    """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES or KQ_INT): integer
+    block dot products, what llama.cpp computes (its error is the activations' 8-bit rounding).
+    32-value types: Q8_0 activation blocks; KQ_INT: Q8_K blocks of 256 with group sums."""
+    if fmt in KQ_INT_KIND:
+        mm_kq_int8(W, *_quantized(X, "k"), rows, Y, KQ_INT_KIND[fmt])
+    else:
+        mm_b32_int8(W, *_quantized(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
+
+
+def mm_block_arith(fmt, W, X, rows, Y):
+    """``mm_block`` in the process's arithmetic: int8 for INT8_ALL under "int8", else float.
+    What the runtime's weights call (runtime.weights.KERNELS)."""
+    if _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT:
+        mm_block_int8(fmt, W, X, rows, Y)
+    else:
+        mm_block(fmt, W, X, rows, Y)
+
+
+def mm_f16_arith(W, X, rows, Y):
+    """``mm_f16`` in the process's arithmetic: under "int8" (llama.cpp's) x rounded to fp16 first,
+    as ggml's vec_dot_f16 does; under "float" x float32 (exact to float32 rounding)."""
+    if _ARITHMETIC["name"] != "int8":
+        mm_f16(W, X, rows, Y)
+        return
+    XH = X.astype(np.float16)
+    if X.shape[1] % 32:  # the plain fallback, on the same fp16-rounded x
+        mm_lut_rows(W, LUT_F16, XH.astype(np.float32), rows, Y)
+    elif 2 * X.shape[1] <= ONE_ROW_X_BYTES:
+        mm_f16_half_x_one(W, XH.view(np.uint16), rows, Y)
+    else:
+        mm_f16_half_x(W, XH.view(np.uint16), rows, Y)
+
+
+def arithmetic_label(kinds=None) -> str:
+    """The arithmetic in effect for the tensor types ``kinds`` (gguf-py names; None: any), as the
+    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)", "fp16 activations (F16
+    weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
+    lower = None if kinds is None else {k.lower() for k in kinds}
+    if arithmetic() == "float":
+        return "float"
+    if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
+        return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
+    f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""
+    pick = set(BLOCK_TYPES) if lower is None else lower
+    how = int_dot_features()
+    used = [(n, dots[how]) for n, ts, dots in (("Q8_0", B32, INT_DOT_NAMES), ("Q8_K", KQ_INT, KQ_DOT_NAMES))
+            if pick & INT8_DEFAULT & set(ts)]
+    acts = "/".join(n for n, _ in used) + " activations"
+    flt = [t.upper() for t in BLOCK_TYPES if t in pick and t not in INT8_DEFAULT]  # block types still float
+    extra = "; " + ", ".join(flt) + " float" if flt else ""
+    return f"int8 ({acts}, {' / '.join(d for _, d in used)}{extra}{f16})"

@@ -1,0 +1,85 @@
+"""numba's cache folder, chosen by ``runtime`` on import: one per content of runtime/'s sources
+(an edited kernel compiles afresh), under $AIOS_CACHE; a NUMBA_CACHE_DIR the user set stays."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+# where a kernel of each kind of module caches, and what the environment says, in a fresh process
+PROBE = """
+import json, os, sys
+if sys.argv[1] == "numba-first":
+    import numba  # numba's config read the environment before runtime chose
+import numba
+from runtime import kernels
+print(json.dumps({"kernel": kernels.quantize_q8._cache.cache_path, "config": numba.config.CACHE_DIR,
+                  "env": os.environ.get("NUMBA_CACHE_DIR"), "chosen": os.environ.get("AIOS_NUMBA_CACHE_DIR")}))
+"""
+
+
+def _probe(env: dict[str, str], order: str = "runtime-first") -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", runtime.CHOSEN_ENV, "AIOS_CACHE")}
+    res = subprocess.run([sys.executable, "-c", PROBE, order], env={**base, **env}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_the_key_follows_the_sources_only(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "kernels" / "b.py").write_text("y = 2\n")
+    key = runtime.sources_key(tmp_path)
+    assert len(key) == 16 and runtime.sources_key(tmp_path) == key
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "c.py").write_text("z = 3\n")
+    (tmp_path / "kernels" / "notes.txt").write_text("not a source")
+    (tmp_path / ".#a.py").symlink_to(tmp_path / "missing")  # an editor's lock link
+    assert runtime.sources_key(tmp_path) == key
+    (tmp_path / "kernels" / "b.py").write_text("y = 3\n")
+    assert runtime.sources_key(tmp_path) != key
+    assert runtime.sources_key() == runtime.numba_cache_dir().name
+
+
+def test_kernels_cache_under_the_folder_of_these_sources(tmp_path):
+    want = str(tmp_path / "numba" / runtime.sources_key())
+    for order in ("runtime-first", "numba-first"):
+        got = _probe({"AIOS_CACHE": str(tmp_path)}, order)
+        assert got["config"] == got["env"] == got["chosen"] == want, (order, got)
+        assert got["kernel"].startswith(want + os.sep), (order, got)
+    # a child of a process that chose (for other sources, maybe) chooses again for its own
+    got = _probe({"AIOS_CACHE": str(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "other"),
+                  runtime.CHOSEN_ENV: str(tmp_path / "other")})
+    assert got["config"] == got["env"] == want, got
+
+
+def test_a_users_numba_cache_dir_stays(tmp_path):
+    user = str(tmp_path / "mine")
+    got = _probe({"AIOS_CACHE": str(tmp_path), "NUMBA_CACHE_DIR": user})
+    assert got["config"] == got["env"] == user and got["chosen"] is None, got
+    assert got["kernel"].startswith(user + os.sep)
+
+
+def test_prune_keeps_the_recent_and_the_recently_used(tmp_path):
+    now = time.time()
+    folders = []
+    for i in range(runtime.KEEP + 4):  # the oldest last
+        p = tmp_path / f"{i:016x}"
+        p.mkdir()
+        age = 0 if i < 2 else runtime.KEEP_DAYS * 86400 + 3600 * i
+        os.utime(p, (now - age, now - age))
+        folders.append(p)
+    (tmp_path / "not-a-key").mkdir()
+    current = folders[-1]  # in use by this process, however old its stamp
+    runtime.prune(tmp_path, current)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # KEEP - 1 most recent besides the current one stay (two of them used lately), older ones go
+    assert left == sorted([f.name for f in folders[:runtime.KEEP - 1]] + [current.name, "not-a-key"])
