@@ -6,8 +6,9 @@ defaults to ``~/.cache/aios``). numba checks only the source of the file that de
 function, while a kernel inlines intrinsics from other files of runtime/kernels and
 runtime.ops / runtime.decode_block compile calls into the kernels: under one folder for all
 sources, an edit to one file could leave another file's cached kernel running the old code.
-Keyed by the sources, an edit anywhere in runtime/ starts a fresh folder (everything compiles
-again once), and the same sources, reinstalled too, find theirs again.
+Keyed by the sources of the files that hold compiled code, an edit to any of them starts a
+fresh folder (everything compiles again once; an edit to model.py or a CLI does not), and the
+same sources, reinstalled too, find theirs again.
 
 A NUMBA_CACHE_DIR the user set is left as it is (then clear it after editing a kernel). The one
 chosen here is exported with AIOS_NUMBA_CACHE_DIR beside it, so a child process that imports
@@ -34,9 +35,15 @@ KEEP = 8  # the most recently used cache folders, always kept
 KEEP_DAYS = 7  # the others are kept while used within this many days
 
 
+# a file holding any of these compiles code numba caches (or code a cached kernel inlines)
+COMPILED_MARKERS = (b"njit", b"intrinsic", b"numba.extending", b"cfunc", b"vectorize")
+
+
 def sources_key(root: Path | None = None) -> str:
-    """16 hex digits of a SHA-256 over the .py files under ``root`` (this package): each file's
-    relative path, size and bytes, in sorted order (``__pycache__`` and dot files skipped)."""
+    """16 hex digits of a SHA-256 over the .py files under ``root`` (this package) that hold
+    compiled code (COMPILED_MARKERS): each file's relative path, size and bytes, in sorted order
+    (``__pycache__`` and dot files skipped). An edit to model.py or a CLI keeps the kernels'
+    cache; an edit to any kernel, op or block starts a fresh one."""
     root = Path(__file__).resolve().parent if root is None else root
     h = hashlib.sha256()
     for folder, subfolders, names in os.walk(root):
@@ -44,6 +51,8 @@ def sources_key(root: Path | None = None) -> str:
         for name in sorted(n for n in names if n.endswith(".py") and not n.startswith(".")):
             path = Path(folder, name)
             data = path.read_bytes()
+            if not any(m in data for m in COMPILED_MARKERS):
+                continue
             h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
             h.update(data)
     return h.hexdigest()[:16]

@@ -57,9 +57,9 @@ numba's on-disk cache checks only the source of the file that defines a compiled
 kernel inlines the intrinsics and IR helpers of other files (runtime.ops and
 runtime.decode_block compile calls into these kernels, too): after an edit to one file, a
 kernel cached from another could run the old code. So importing ``runtime`` points numba's
-cache at a folder named by a hash of the runtime package's sources,
+cache at a folder named by a hash of the runtime files that hold compiled code,
 ``$AIOS_CACHE/numba/<hash>`` (``runtime.numba_cache_dir``; ``~/.cache/aios`` by default): an edit
-anywhere in runtime/ starts a fresh cache, the same sources find theirs again. A NUMBA_CACHE_DIR
+to any of them starts a fresh cache, the same sources find theirs again. A NUMBA_CACHE_DIR
 set by the user is left as it is (clear it after editing a kernel).
 """
 

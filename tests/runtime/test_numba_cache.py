@@ -35,8 +35,8 @@ def _probe(env: dict[str, str], order: str = "runtime-first") -> dict:
 
 def test_the_key_follows_the_sources_only(tmp_path):
     (tmp_path / "kernels").mkdir()
-    (tmp_path / "a.py").write_text("x = 1\n")
-    (tmp_path / "kernels" / "b.py").write_text("y = 2\n")
+    (tmp_path / "a.py").write_text("from numba import njit\n")
+    (tmp_path / "kernels" / "b.py").write_text("y = 2  # njit\n")
     key = runtime.sources_key(tmp_path)
     assert len(key) == 16 and runtime.sources_key(tmp_path) == key
     (tmp_path / "__pycache__").mkdir()
@@ -44,7 +44,9 @@ def test_the_key_follows_the_sources_only(tmp_path):
     (tmp_path / "kernels" / "notes.txt").write_text("not a source")
     (tmp_path / ".#a.py").symlink_to(tmp_path / "missing")  # an editor's lock link
     assert runtime.sources_key(tmp_path) == key
-    (tmp_path / "kernels" / "b.py").write_text("y = 3\n")
+    (tmp_path / "plain.py").write_text("import numpy\n")  # no compiled code: not in the key
+    assert runtime.sources_key(tmp_path) == key
+    (tmp_path / "kernels" / "b.py").write_text("y = 3  # njit\n")
     assert runtime.sources_key(tmp_path) != key
     assert runtime.sources_key() == runtime.numba_cache_dir().name
 
