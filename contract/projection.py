@@ -6,7 +6,8 @@ runtime (aios-run bench) measures the real figure.
     MB/token ≈ weight reads + KV-cache reads + activation spill
     weights  = Σ tensors read per token (embedding: one row; LM head: whole matrix)
     sparse   : FFN down rows of zero activations are skipped  → down × (1 − s);
-               gated FFN: up rows too (gate computed first)   → up × (1 − s)
+               gated FFN: up rows too (gate computed first)   → up × (1 − s), unless the
+               zeros are cut at the down input (sparsify --site down_in)
     aliasing : core-zone shareable bytes × (1 − aliasing ratio); an already aliased model
                (aios-convert alias) is baselined on its de-aliased bytes, each member matrix
                counted as stored alone, and its members outside the core zone projected at
@@ -148,7 +149,9 @@ def project(handle: ModelHandle, results: dict[str, RequirementResult], context:
     def g(k: str) -> float:
         return roles.get(k, 0.0)
 
-    sparse_roles = ["ffn_down"] + (["ffn_up"] if f.gated_ffn else [])
+    # a file cut at the down projection's input (aios-convert sparsify's down_in site) has zeros
+    # after the up projection: only its down rows are skipped
+    sparse_roles = ["ffn_down"] + (["ffn_up"] if f.gated_ffn and f.ffn_threshold_site != "down_in" else [])
     ffn_base = sum(g(r) for r in ("ffn_up", "ffn_gate", "ffn_down"))
     ffn_proj = sum((g(r) - g(f"alias_saved:{r}")) * ((1 - s) if r in sparse_roles else 1.0)
                    for r in ("ffn_up", "ffn_gate", "ffn_down"))

@@ -14,10 +14,11 @@ Calibration, on the GGUF executed by aios-run (quantized weights in place, its o
    fraction of a grid (quantiles of |act(gate)| or |act(gate)·up| over the calibration tokens) and
    the relative error the cut causes in the layer's FFN output (after Gemma's post-FFN norm, the
    value added to the residual stream): ``e_l(s) = Σ‖y_s − y‖² / Σ‖y‖²``.
-3. **Sensitivity.** A layer's local error does not say how much the model's output moves; one
-   full forward pass per layer with only that layer cut at ``REFERENCE_LEVEL`` measures the KL
-   divergence of the next-token distribution from the dense model's, ``k_l``, and the layer's cost
-   curve is ``c_l(s) = k_l · e_l(s) / e_l(REFERENCE_LEVEL)``.
+3. **Sensitivity.** A layer's local error does not say how much the model's output moves: with
+   only that layer cut, at each zero fraction of ``SENSITIVITY_LEVELS``, a full forward pass
+   measures the KL divergence of the next-token distribution from the dense model's. The layer's
+   cost curve ``c_l(s)`` interpolates those (0 at 0) and, past the last one, follows the local
+   error: ``c_l(s) = k_l(last) · e_l(s) / e_l(last)``.
 4. **Allocation** (greedy, TEAL-like): every layer starts at 0; the step of one grid level with
    the smallest cost increase per unit of sparsity is taken, until the mean zero fraction over
    layers reaches the target. ``--max-ppl-ratio`` instead bisects the target on the calibration
@@ -44,7 +45,7 @@ from aios.errors import InvalidModelError, UsageError
 from runtime.thresholds import KEY_SITE, KEY_VALUES, SITES, FfnThresholds
 
 LEVELS = np.round(np.concatenate([np.arange(0.0, 0.9, 0.05), np.arange(0.9, 0.99, 0.025)]), 4)
-REFERENCE_LEVEL = 0.5  # the zero fraction each layer's sensitivity pass cuts it at
+SENSITIVITY_LEVELS = (0.3, 0.6, 0.9)  # the zero fractions each layer's KL passes cut it at
 ALLOCATIONS = ("greedy", "uniform")
 # Where FFNs are cut by default (key: the FFN is gated). Measured on the real Gemma 3 270M
 # (docs/benchmarks.md, "Training-free sparsity"), uniform 50 % per layer, held-out perplexity
@@ -96,7 +97,7 @@ class SparsifyConfig:
 class LayerCurve:
     cuts: np.ndarray  # (len(LEVELS),) cut value (of the weighted score) at each grid zero fraction
     error: np.ndarray  # (len(LEVELS),) relative error of the layer's FFN output
-    sensitivity: float = 0.0  # KL (nats/token) with only this layer cut at REFERENCE_LEVEL
+    sensitivity: np.ndarray | None = None  # KL (nats/token), only this layer cut, at each SENSITIVITY_LEVELS
     # gate site: per-neuron weight of |act(gate)| in the score (see neuron_weights); None: score = magnitude
     weight: np.ndarray | None = None
 
@@ -275,10 +276,10 @@ def nll(model, wins: list[list[int]], cuts: FfnThresholds | None, skip: int) -> 
 def sensitivities(model, wins: list[list[int]], curves: list[LayerCurve], site: str,
                   progress: Progress | None = None) -> None:
     """Each curve's ``sensitivity``: mean KL(dense ‖ cut) per token with only its layer cut at
-    REFERENCE_LEVEL, over ``wins``."""
-    n = len(curves)
-    k_ref = int(np.flatnonzero(LEVELS == REFERENCE_LEVEL)[0])
-    kl, count = np.zeros(n), 0
+    each of SENSITIVITY_LEVELS, over ``wins``."""
+    n, m = len(curves), len(SENSITIVITY_LEVELS)
+    ks = [int(np.argmin(np.abs(LEVELS - x))) for x in SENSITIVITY_LEVELS]
+    kl, count = np.zeros((n, m)), 0
     try:
         for j, w in enumerate(wins):
             model.thresholds = None
@@ -286,12 +287,13 @@ def sensitivities(model, wins: list[list[int]], curves: list[LayerCurve], site: 
             p = _log_probs(model.forward(w, all_logits=True))
             pe = np.exp(p)
             for layer in range(n):
-                values = [np.float32(0)] * n
-                values[layer] = curves[layer].thresholds(k_ref)
-                model.thresholds = FfnThresholds(site, _stack(values))
-                model.reset()
-                q = _log_probs(model.forward(w, all_logits=True))
-                kl[layer] += float((pe * (p - q)).sum())
+                for i, k in enumerate(ks):
+                    values = [np.float32(0)] * n
+                    values[layer] = curves[layer].thresholds(k)
+                    model.thresholds = FfnThresholds(site, _stack(values))
+                    model.reset()
+                    q = _log_probs(model.forward(w, all_logits=True))
+                    kl[layer, i] += float((pe * (p - q)).sum())
                 if progress:
                     progress("sensitivity: one layer cut at a time", j * n + layer + 1, len(wins) * n)
             count += len(w)
@@ -299,7 +301,7 @@ def sensitivities(model, wins: list[list[int]], curves: list[LayerCurve], site: 
         model.thresholds = None
         model.reset()
     for c, k in zip(curves, kl / max(1, count)):
-        c.sensitivity = max(float(k), 0.0)
+        c.sensitivity = np.maximum.accumulate(np.maximum(k, 0.0))  # a deeper cut never costs less
 
 
 def _stack(values: list) -> np.ndarray:
@@ -314,12 +316,18 @@ def _stack(values: list) -> np.ndarray:
 
 
 def costs(curves: list[LayerCurve]) -> np.ndarray:
-    """(layers, levels) cost of each layer at each level: sensitivity-scaled local error."""
-    k_ref = int(np.flatnonzero(LEVELS == REFERENCE_LEVEL)[0])
+    """(layers, levels) cost of each layer at each level: its measured KL, interpolated (0 at 0),
+    past the last measured level scaled by the local error; without KL (uniform) the local error."""
+    last = int(np.argmin(np.abs(LEVELS - SENSITIVITY_LEVELS[-1])))
     rows = []
     for c in curves:
-        scale = c.sensitivity / c.error[k_ref] if c.error[k_ref] > 0 else 0.0
-        rows.append(c.error * scale + c.error * 1e-12)  # ties: the smaller local error first
+        if c.sensitivity is None:
+            rows.append(c.error.copy())
+            continue
+        cost = np.interp(LEVELS, (0.0, *SENSITIVITY_LEVELS), (0.0, *c.sensitivity))
+        if c.error[last] > 0:
+            cost[last + 1:] = c.sensitivity[-1] * c.error[last + 1:] / c.error[last]
+        rows.append(np.maximum.accumulate(cost) + c.error * 1e-12)  # ties: the smaller local error first
     return np.array(rows)
 
 
@@ -470,9 +478,10 @@ def sparsify(model_path: str | Path, output: str | Path, config: SparsifyConfig,
     levels, cuts = cal.cuts_for(target, config)
     calibration = {
         **cal.source, "tokens_used": int(sum(len(w) for w in cal.wins)), "window": config.window,
-        "allocation": config.allocation, "reference_level": REFERENCE_LEVEL,
+        "allocation": config.allocation, "sensitivity_levels": list(SENSITIVITY_LEVELS),
         "ppl_dense": round(math.exp(cal.base_nll / cal.n_scored), 4), "ppl_ratio": round(cal.ppl_ratio(cuts), 4),
-        "sensitivity_kl": [round(c.sensitivity, 6) for c in cal.curves], "target_search": search,
+        "sensitivity_kl": [None if c.sensitivity is None else [round(float(x), 6) for x in c.sensitivity]
+                           for c in cal.curves], "target_search": search,
     }
     seconds = dict(cal.seconds, allocation=time.perf_counter() - t0)
     return finish(cal, out, target, levels, cuts, calibration, config, seconds, progress, t_start)
