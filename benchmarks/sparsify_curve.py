@@ -5,9 +5,9 @@ measured once) serves every target of --targets; per target:
 
 - held-out perplexity ratio (cut / dense) and the exact-zero fraction of the down projections'
   inputs, both measured by running the file in aios-run on the held-out pydoc split, which the
-  calibration (train split) never saw; with --compare-uniform also for ``--allocation uniform``
-  (every layer at the target) and, with --sites, for each cut site;
-- with --speed: the file written with ``--sparse-down``; weight MB/token measured by aios-run's
+  calibration (train split) never saw; for each allocation of --allocations (``uniform``: every
+  layer at the target, the default; ``greedy``: by measured per-layer KL) and each site of --sites;
+- for the targets of --speed: the file written with ``--sparse-down``; weight MB/token measured by aios-run's
   byte counter in --mode dense and --mode sparse, the checker's projection for the same file
   (``aios-contract check``, projected, not measured) and measured/projected; decode tokens/s of
   ours (--mode sparse) against llama.cpp's dense decode of the *source* file, alternated for
@@ -21,9 +21,10 @@ d_ffn 14336, SiLU) with --layers layers, quantized by llama.cpp itself to Q4_K_M
 Any other value is a GGUF path. Prints one JSON object (also written to --json); name the CPU
 (``lscpu``) beside any figure.
 
-    python benchmarks/sparsify_curve.py --model real --targets 0.3,0.5,0.6,0.7,0.8,0.9 --compare-uniform
-    python benchmarks/sparsify_curve.py --model real --targets 0.5,0.7 --speed --rounds 5
-    python benchmarks/sparsify_curve.py --model llama8b --layers 2 --targets 0.5 --speed --tokens 512
+    python benchmarks/sparsify_curve.py --model real --targets 0.3,0.5,0.6,0.7,0.8,0.9 --speed 0.5,0.7
+    python benchmarks/sparsify_curve.py --model real --targets 0.5,0.7 --allocations uniform,greedy --sites down_in,gate
+    python benchmarks/sparsify_curve.py --model llama8b --layers 2 --targets '' --speed 0.5 --sites down_in,gate \
+        --tokens 512 --heldout-tokens 0
 """
 
 from __future__ import annotations
@@ -136,10 +137,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="llama8b: decoder layers")
     ap.add_argument("--targets", default="0.3,0.5,0.6,0.7,0.8,0.9")
     ap.add_argument("--sites", default="down_in", help="comma-separated cut sites (down_in, gate)")
-    ap.add_argument("--compare-uniform", action="store_true", help="also every layer at the target")
+    ap.add_argument("--allocations", default="uniform",
+                    help="comma-separated: uniform (every layer at the target), greedy (by measured KL)")
     ap.add_argument("--tokens", type=int, default=2048, help="calibration tokens")
     ap.add_argument("--heldout-tokens", type=int, default=4096)
-    ap.add_argument("--speed", action="store_true", help="--sparse-down files: MB/token and tok/s vs llama.cpp")
+    ap.add_argument("--speed", default="", metavar="TARGETS",
+                    help="targets (comma-separated) whose --sparse-down file is also measured: MB/token and tok/s "
+                         "vs llama.cpp (first allocation of --allocations)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--decode", type=int, default=32, help="decoded tokens per speed round")
     ap.add_argument("--keep", type=Path, default=None)
@@ -158,12 +162,15 @@ def main() -> None:
         src = build_llama8b(work, args.layers)
     else:
         src = Path(args.model)
+    speed_targets = {float(t) for t in args.speed.split(",") if t}
     targets = [float(t) for t in args.targets.split(",") if t]
+    targets += sorted(speed_targets - set(targets))
     out: dict = {"model": str(src), "arithmetic": K.arithmetic(), "targets": targets, "runs": {}}
     t_start = time.perf_counter()
     for site in [s for s in args.sites.split(",") if s]:
-        allocations = ["greedy"] + (["uniform"] if args.compare_uniform else [])
-        cfg = S.SparsifyConfig(target=0.5, site=site, tokens=args.tokens, heldout_tokens=args.heldout_tokens)
+        allocations = [a for a in args.allocations.split(",") if a]
+        cfg = S.SparsifyConfig(target=0.5, site=site, tokens=args.tokens, heldout_tokens=args.heldout_tokens,
+                               allocation="greedy" if "greedy" in allocations else "uniform")
         t0 = time.perf_counter()
         cal = S.calibrate(src, cfg)
         out["runs"][site] = {"calibration_seconds": {k: round(v, 1) for k, v in cal.seconds.items()},
@@ -173,7 +180,7 @@ def main() -> None:
         dense_cache: dict = {}
         for target in targets:
             row = {}
-            for allocation in allocations:
+            for allocation in allocations if target in set(float(t) for t in args.targets.split(",") if t) else []:
                 c = replace(cfg, allocation=allocation, target=target)
                 levels, cuts = cal.cuts_for(target, c)
                 r = {"layer_sparsity": [round(float(x), 3) for x in levels],
@@ -182,8 +189,8 @@ def main() -> None:
                     r.update(heldout_for(cal, cuts, c, dense_cache))
                 row[allocation] = r
                 print(f"{site} {target:.2f} {allocation}: {r}", file=sys.stderr, flush=True)
-            if args.speed:
-                c = replace(cfg, target=target, sparse_down=True, heldout_tokens=0)
+            if target in speed_targets:
+                c = replace(cfg, target=target, sparse_down=True, heldout_tokens=0, allocation=allocations[0])
                 f = work / f"{src.stem}-{site}-{int(round(target * 100))}.gguf"
                 levels, cuts = cal.cuts_for(target, c)
                 S.finish(cal, f, target, levels, cuts, {}, c, {}, None, time.perf_counter())

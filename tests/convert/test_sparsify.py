@@ -85,7 +85,10 @@ def test_gate_site_cuts_per_neuron_and_skips_up_rows_too(ggufs, tmp_path):
     from runtime.model import Model
 
     out = tmp_path / "gate.gguf"
-    res = sparsify(ggufs[("tiny-llama", "f32")], out, SparsifyConfig(target=0.5, site="gate", **SMALL))
+    res = sparsify(ggufs[("tiny-llama", "f32")], out, SparsifyConfig(target=0.5, site="gate", allocation="greedy",
+                                                                       **SMALL))
+    assert all(len(k) == 3 for k in res.calibration["sensitivity_kl"])  # measured KL per layer and level
+    assert np.mean(res.layer_sparsity) >= 0.5 - 1e-6
     r = gguf.GGUFReader(str(out))
     assert r.get_field("aios.ffn_threshold.site").contents() == "gate" and res.per_neuron
     assert len(r.get_field("aios.ffn_threshold.values").contents()) == 6 * 352  # one per neuron
