@@ -166,12 +166,12 @@ def test_layout_user_errors(tmp_path, relu_llama_gguf):
 
 
 def test_interrupted_layout_leaves_nothing(monkeypatch, relu_llama_gguf, tmp_path):
-    from convert import layout
+    from convert.gguf.writer import FileSlice
 
     def boom(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(layout._FileSlice, "tofile", boom)
+    monkeypatch.setattr(FileSlice, "tofile", boom)
     out = tmp_path / "o" / "x.gguf"
     with pytest.raises(KeyboardInterrupt):
         layout_gguf(str(relu_llama_gguf), out, LayoutConfig(max_tokens=16), calibration_texts=TEXTS[:2])

@@ -189,6 +189,21 @@ def test_bad_options_and_files_are_one_sentence(ggufs, tmp_path):
     assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "y.gguf").exists()
 
 
+def test_an_interrupted_write_leaves_nothing(ggufs, tmp_path, monkeypatch):
+    from convert.gguf.writer import FileSlice
+
+    def boom(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FileSlice, "tofile", boom)
+    out = tmp_path / "o" / "x.gguf"
+    with pytest.raises(KeyboardInterrupt):
+        sparsify(ggufs[("tiny-llama", "f32")], out, SparsifyConfig(target=0.5, heldout_tokens=0,
+                                                                    **{k: v for k, v in SMALL.items()
+                                                                       if k != "heldout_tokens"}))
+    assert list(out.parent.iterdir()) == []
+
+
 def test_a_file_with_unusable_thresholds_is_refused(llama50, tmp_path):
     from convert.gguf import atomic_output
     from convert.gguf.writer import FileSlice, copy_fields
