@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -67,35 +66,6 @@ def build_llama8b(work: Path, layers: int) -> Path:
     if not q.exists():
         llamacpp.quantize(f16, q, "Q4_K_M")
     return q
-
-
-def heldout_for(cal, cuts, config, dense_cache: dict) -> dict:
-    """measure_heldout's figures, the dense NLL measured once per model and reused."""
-    import numpy as np
-
-    from aios.evaluation import pydoc_split
-    from convert import sparsify as S
-
-    wins = S.windows(pydoc_split(cal.tokenizer, "heldout").ids.numpy(), config.heldout_tokens, config.window,
-                     cal.prefix)
-    if "nll" not in dense_cache:
-        dense_cache["nll"], dense_cache["n"] = S.nll(cal.model, wins, None, len(cal.prefix))
-    zeros = np.zeros(cal.model.hp.n_layers)
-    seen = np.zeros(cal.model.hp.n_layers)
-
-    def hook(layer, a):
-        zeros[layer] += int(np.count_nonzero(a == 0))
-        seen[layer] += a.size
-
-    cal.model.ffn_act_hook = hook
-    try:
-        cut, n = S.nll(cal.model, wins, cuts, len(cal.prefix))
-    finally:
-        cal.model.ffn_act_hook = None
-    d = dense_cache["nll"]
-    return {"tokens_scored": n, "ppl_dense": round(math.exp(d / n), 4), "ppl_sparse": round(math.exp(cut / n), 4),
-            "ppl_ratio": round(math.exp((cut - d) / n), 4),
-            "mean_exact_zero_fraction": round(float((zeros / np.maximum(seen, 1)).mean()), 4)}
 
 
 def speed(src: Path, out_file: Path, rounds: int, n: int) -> dict:
@@ -186,7 +156,8 @@ def main() -> None:
                 r = {"layer_sparsity": [round(float(x), 3) for x in levels],
                      "calibration_ppl_ratio": round(cal.ppl_ratio(cuts), 4)}
                 if args.heldout_tokens:
-                    r.update(heldout_for(cal, cuts, c, dense_cache))
+                    h = S.measure_heldout(cal.model, cal.tokenizer, cal.prefix, cuts, c, dense_cache)
+                    r.update({k: v for k, v in h.items() if k != "per_layer_exact_zero_fraction"})
                 row[allocation] = r
                 print(f"{site} {target:.2f} {allocation}: {r}", file=sys.stderr, flush=True)
             if target in speed_targets:

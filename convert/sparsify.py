@@ -304,6 +304,7 @@ def sparsify(model_path: str | Path, output: str | Path, config: SparsifyConfig,
     t_start = time.perf_counter()
     src, out = Path(model_path), Path(output)
     check_paths(src, out)
+    config.check(gated=True)  # every option but the site's fit to the FFN, before the model loads
     cal = calibrate(src, config, progress)
     t0 = time.perf_counter()
     target, search = choose_target(cal, config, progress)
@@ -346,14 +347,19 @@ def finish(cal: Calibration, out: Path, target: float, levels: np.ndarray, cuts:
     return result
 
 
-def measure_heldout(model, tok, prefix: list[int], cuts: FfnThresholds, config: SparsifyConfig) -> dict:
+def measure_heldout(model, tok, prefix: list[int], cuts: FfnThresholds, config: SparsifyConfig,
+                    dense_cache: dict | None = None) -> dict:
     """Perplexity (dense and cut) and the cut model's exact-zero fraction of the down projections'
-    inputs, on the held-out pydoc split (never used by calibration)."""
+    inputs, on the held-out pydoc split (never used by calibration). ``dense_cache``: a dict that
+    keeps the dense NLL between calls with the same model and settings (the curve benchmark)."""
     from aios.evaluation import pydoc_split
 
     ts = pydoc_split(tok, "heldout")
     wins = windows(ts.ids.numpy(), config.heldout_tokens, config.window, prefix)
-    dense, n = nll(model, wins, None, len(prefix))
+    cache = {} if dense_cache is None else dense_cache
+    if "nll" not in cache:
+        cache["nll"], cache["n"] = nll(model, wins, None, len(prefix))
+    dense, n = cache["nll"], cache["n"]
     zeros = np.zeros(model.hp.n_layers)
     seen = np.zeros(model.hp.n_layers)
 
