@@ -25,6 +25,7 @@ import os
 import shutil
 from pathlib import Path
 
+from aios.io import cache_root as aios_cache_root
 from aios.io import sha256_file
 from aios.models.handle import ModelHandle
 
@@ -32,8 +33,7 @@ MARKER = "aios_source_gguf.json"
 
 
 def cache_root() -> Path:
-    root = os.environ.get("AIOS_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "aios") / "from-gguf"
+    return aios_cache_root() / "from-gguf"
 
 
 def source_record(handle: ModelHandle) -> dict:

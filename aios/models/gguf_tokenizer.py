@@ -37,6 +37,8 @@ import os
 import pickle
 from pathlib import Path
 
+from aios.io import cache_root
+
 PHI3_NO_RSTRIP = ("<unk>", "<s>", "<|endoftext|>")
 SENTENCEPIECE = "llama"  # tokenizer.ggml.model of a SentencePiece vocabulary (llama.cpp's name)
 CONTROL = 3  # gguf.TokenType.CONTROL
@@ -86,8 +88,7 @@ def _build(path: Path):
 def cache_dir() -> Path:
     """Where finished GGUF tokenizers are kept: ``$AIOS_CACHE/tokenizers``, default
     ``~/.cache/aios/tokenizers`` (the root ``aios.models.real`` and ``from_gguf`` use)."""
-    root = os.environ.get("AIOS_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "aios") / "tokenizers"
+    return cache_root() / "tokenizers"
 
 
 def _cache_entry(path: Path) -> tuple[Path, dict] | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from aios.errors import WeightsUnavailableError
+from aios.io import cache_root
 
 CHUNK = 1 << 20
 
@@ -63,8 +64,7 @@ Downloader = Callable[[list[str], Path], None]
 
 def cache_dir() -> Path:
     """Where fetched models live: ``$AIOS_CACHE/models``, default ``~/.cache/aios/models``."""
-    root = os.environ.get("AIOS_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "aios") / "models"
+    return cache_root() / "models"
 
 
 def _sha256(path: Path) -> str:
