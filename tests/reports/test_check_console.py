@@ -61,6 +61,13 @@ def test_the_last_line_names_the_requirements_that_took_time(tmp_path):
     r1 = next(r for r in report.requirements if r.id == "R1")
     assert r1.seconds > 0  # R1 runs the model
     assert sum(r.seconds for r in report.requirements) <= report.seconds
-    split = time_split(report)
-    assert split.startswith("Time: ") and f"R1 {r1.seconds:.1f} s" in split
-    assert "R2" not in split  # R2 is arithmetic from the config
+    assert "R2" not in time_split(report)  # R2 is arithmetic from the config
+    # which requirements the line names depends only on their recorded seconds (not on how fast
+    # this machine ran them): a slow R1 is named, the fast rest summed up
+    slow = report.model_copy(deep=True)
+    for r in slow.requirements:
+        r.seconds = 1.234 if r.id == "R1" else 0.01
+    assert time_split(slow) == "Time: R1 1.2 s; the others < 0.1 s each"
+    for r in slow.requirements:
+        r.seconds = 0.01
+    assert time_split(slow) == "Time: every requirement < 0.1 s"
