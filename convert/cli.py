@@ -163,8 +163,11 @@ def _relufy_default(name: str):
 @click.option("--seed", type=int, default=_relufy_default("seed"), show_default=True,
               help="Seed of the data order and initialisation (same seed, same output).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run kept in OUT.partial/.")
+@click.option("--init-thresholds", default=None, metavar="FILE",
+              help="Warm start: train with the calibrated down-projection cuts of FILE (a GGUF of this "
+                   "model from `aios-convert sparsify`) in place; they become part of OUT.")
 def relufy_command(model: str, out: str, activation: str, train_data: str | None, resume: bool,
-                   device: str, heldout_data: str | None, tokens: str | None,
+                   device: str, heldout_data: str | None, tokens: str | None, init_thresholds: str | None,
                    batch_tokens: int | None, micro_batch: int | None, gradient_checkpointing: bool,
                    checkpoint_every: int, **options) -> None:
     """Swap MODEL's FFN activation to ReLU and fine-tune to recover (R1).
@@ -188,7 +191,7 @@ def relufy_command(model: str, out: str, activation: str, train_data: str | None
         result = relufy(model, out, cfg, train_data=train_data, device=device, resume=resume,
                         progress=progress, micro_batch=micro_batch, heldout_data=heldout_data,
                         gradient_checkpointing=gradient_checkpointing, tokens=tokens,
-                        checkpoint_every=checkpoint_every)
+                        checkpoint_every=checkpoint_every, init_thresholds=init_thresholds)
     if result.is_main:
         render_relufy(result)
 

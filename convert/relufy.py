@@ -27,6 +27,19 @@ Choices
   (``convert/evaluation.py``). By default the training text is the fixtures' train split of
   ``pydoc_data.topics``, which never overlaps the held-out topics; ``--train-data`` replaces it.
 
+Warm start from calibrated thresholds (``--init-thresholds FILE``)
+-----------------------------------------------------------------
+``aios-convert sparsify`` calibrates one cut per layer on the input of the down projection
+(|x| < t_l → 0) without training. With ``--init-thresholds`` that file's cuts are installed on
+the swapped model before the first step and stay in place through the fine-tune (a hook on each
+down projection; the gradient flows through the kept entries), so the model trains with the
+zeros it will have instead of reaching them only through the L1 penalty. The cut becomes part of
+the output model: ``config.json`` gets ``aios_ffn_threshold`` (``aios/models/ffn_cut.py``), which
+our loader, ``aios-contract check`` and ``aios-convert gguf`` (to ``aios.ffn_threshold.*``, applied
+by aios-run) honour and stock transformers ignores (it runs the ReLU model without the cut: fewer
+zeros; the command says so). A source that already carries such a cut keeps it. Only ``down_in``
+cuts with one value per layer are taken (sparsify's default); ``--site gate`` files are refused.
+
 Scale: processes, data, precision
 ---------------------------------
 The fine-tune runs on ``accelerate`` (``convert/engine.py``): started plainly it is one
@@ -103,7 +116,8 @@ def relufy(model: str, out: str | Path, config: RelufyConfig | None = None, *,
            resume: bool = False, checkpoint_every: int = 50, eval_every: int = 0,
            calibration_samples: int | None = None, progress: ProgressFn = _quiet,
            micro_batch: int | None = None, heldout_data: str | Path | None = None,
-           gradient_checkpointing: bool = False, tokens: int | str | None = None) -> RelufyResult:
+           gradient_checkpointing: bool = False, tokens: int | str | None = None,
+           init_thresholds: str | Path | None = None) -> RelufyResult:
     """Relufy ``model`` into the HF folder ``out``; library entry point of ``aios-convert relufy``.
 
     ``eval_every`` > 0 also measures held-out perplexity and exact zeros every that many
@@ -112,6 +126,9 @@ def relufy(model: str, out: str | Path, config: RelufyConfig | None = None, *,
     (default: all 241, as ``aios-contract check``). ``micro_batch``: windows per forward pass
     per process (default: the process's whole share of the global batch). ``tokens``: a token
     budget (``2B``, ``500M``) that replaces ``config.steps`` by ceil(tokens / global batch tokens).
+    ``init_thresholds``: a GGUF of this model written by ``aios-convert sparsify`` (site
+    ``down_in``), or an HF folder whose config.json has ``aios_ffn_threshold``: the warm start
+    (module docstring, "Warm start").
     """
     from dataclasses import replace
 
@@ -134,5 +151,5 @@ def relufy(model: str, out: str | Path, config: RelufyConfig | None = None, *,
                                    progress=progress, micro_batch=micro_batch,
                                    heldout_data=heldout_data,
                                    gradient_checkpointing=gradient_checkpointing,
-                                   token_budget=budget)
+                                   token_budget=budget, init_thresholds=init_thresholds)
     return RelufyResult(out, provenance, time.perf_counter() - t0, resumed_from, is_main)

@@ -21,10 +21,15 @@ import torch
 
 from aios import CONTRACT_VERSION, __version__
 from aios.data import CALIBRATION_FILE, load_texts, texts_sha256
-from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
+from aios.errors import (
+    InvalidModelError,
+    ModelNotFoundError,
+    UnsupportedArchitectureError,
+    UsageError,
+)
 from aios.evaluation import TokenSet, file_tokens, pydoc_split
-from aios.io import hash_file, write_atomic
-from aios.models import ModelHandle, resolve_model
+from aios.io import hash_file, sha256_file, write_atomic
+from aios.models import ModelHandle, ffn_cut, resolve_model
 from aios.models.from_gguf import gguf_source_of, hf_source
 from convert import engine as eng
 from convert import evaluation as ev
@@ -87,6 +92,34 @@ def _load_swapped(handle: ModelHandle, activation: str, device: torch.device):
     return model.to(device), key
 
 
+def _init_cut(spec: str | Path | None, handle: ModelHandle) -> tuple[list[float] | None, dict | None]:
+    """The cut the fine-tune trains with: ``--init-thresholds`` (a sparsified GGUF of this model,
+    or an HF folder with ``aios_ffn_threshold``), else the source's own, else none; and its record
+    for the provenance."""
+    n = handle.facts.n_layers
+    if spec is None:
+        values = ffn_cut.from_config(handle.config, n)
+        return values, ({"from": "the source's config.json", "site": ffn_cut.SITE, "values": values}
+                        if values is not None else None)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"--init-thresholds: {path} does not exist.")
+    if path.is_dir():
+        cfg = path / "config.json"
+        values = (ffn_cut.from_config(json.loads(cfg.read_text()), n, str(cfg))
+                  if cfg.is_file() else None)
+        if values is None:
+            raise InvalidModelError(f"--init-thresholds: {path} has no '{ffn_cut.CONFIG_KEY}' in a "
+                                    "config.json; pass a GGUF written by `aios-convert sparsify`.")
+        digest = sha256_file(cfg)
+    else:
+        from aios.models.tensors import GGUFStore
+
+        values = ffn_cut.from_gguf(GGUFStore(path), n, str(path))
+        digest = sha256_file(path)
+    return values, {"from": path.name, "sha256": digest, "site": ffn_cut.SITE, "values": values}
+
+
 def _measure(handle, model, tokenizer, heldout: TokenSet, calib: list[str]) -> dict[str, Any]:
     """Held-out perplexity and R1's exact zeros, on the model's own device."""
     was_training = model.training
@@ -112,7 +145,8 @@ def _check_work(out: Path, resume: bool) -> Path | None:
 
 def _check_identity(ckpt: Path, state: dict, identity: dict[str, Any], world: int) -> None:
     what = {"config": "config", "source_sha256": "source model", "train": "training data",
-            "calibration_sha256": "calibration set", "heldout_sha256": "held-out text"}
+            "calibration_sha256": "calibration set", "heldout_sha256": "held-out text",
+            "init_thresholds": "--init-thresholds cut"}
     for key, value in identity.items():
         if state["identity"].get(key) != value:
             raise UsageError(f"The interrupted run in {ckpt.parent} used a different {what[key]}; "
@@ -142,8 +176,8 @@ def _train_identity(source: WindowSource) -> dict[str, Any]:
 def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, resume: bool,
         checkpoint_every: int, eval_every: int, calibration_samples: int | None,
         progress: ProgressFn, micro_batch: int | None = None, heldout_data=None,
-        gradient_checkpointing: bool = False,
-        token_budget: int | None = None) -> tuple[dict, int | None, bool]:
+        gradient_checkpointing: bool = False, token_budget: int | None = None,
+        init_thresholds: str | Path | None = None) -> tuple[dict, int | None, bool]:
     dist = eng.start(device)
     if not dist.is_main:  # one progress display: rank 0's
         progress = _quiet
@@ -155,13 +189,15 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
         dist.barrier()
         handle = hf_source(handle)
     _check_source(handle)
+    cut, cut_record = _init_cut(init_thresholds, handle)
     tokenizer = handle.load_tokenizer()
     source = _source(tokenizer, train_data, cfg, dist)
     heldout = file_tokens(tokenizer, heldout_data) if heldout_data else pydoc_split(tokenizer, "heldout")
     calib = load_texts(limit=calibration_samples)
     identity = {"config": cfg.to_dict(), "source_sha256": source_sha256(handle),
                 "train": _train_identity(source), "calibration_sha256": texts_sha256(calib),
-                "heldout_sha256": heldout.sha256}
+                "heldout_sha256": heldout.sha256,
+                "init_thresholds": hashlib.sha256(json.dumps(cut).encode()).hexdigest() if cut else None}
     ckpt = _check_work(out, resume)
     work = partial_dir(out)
     state = None
@@ -181,8 +217,13 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
         metrics = {"before": _measure(handle, original, tokenizer, heldout, calib)}
         del original
     model, act_key = _load_swapped(handle, cfg.activation, torch.device("cpu"))
-    downs = [model.get_submodule(handle.arch.block(i, handle.arch.ffn_down))
-             for i in range(handle.facts.n_layers)]
+    down_names = [handle.arch.block(i, handle.arch.ffn_down) for i in range(handle.facts.n_layers)]
+    if cut is not None:  # trained with its cut in place from step 0 (before the L1 tap sees it)
+        ffn_cut.install(model, down_names, cut)
+        setattr(model.config, ffn_cut.CONFIG_KEY, ffn_cut.config_entry(cut, cut_record["from"]))
+        progress("phase", message=f"warm start: the fine-tune runs with {len(cut)} calibrated "
+                                  f"down-projection cuts ({cut_record['from']}); {ffn_cut.TRANSFORMERS_NOTE}")
+    downs = [model.get_submodule(name) for name in down_names]
     flops = eng.flops_per_token(model, handle.facts.n_layers, handle.facts.d_model, cfg.seq_len)
     model, opt = eng.prepare(dist, model, lambda m: eng.make_optimizer(m, cfg.lr, cfg.weight_decay,
                                                                       dist.device),
@@ -218,6 +259,8 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
                 "tokens_seen": run_state["tokens_seen"], "token_budget": token_budget}
     provenance = _provenance(handle, cfg, act_key, identity, source, heldout, calib, metrics,
                              run_state["log"], run_state["curve"], dist, training, throughput)
+    if cut_record is not None:
+        provenance["result"]["ffn_threshold"] = {**cut_record, "note": ffn_cut.TRANSFORMERS_NOTE}
     weights = eng.full_state_dict(dist, model)  # every rank: a collective under FSDP
     if dist.is_main:
         _write_output(handle, plain, weights, tokenizer, out, provenance)

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from aios.errors import InvalidModelError
+from aios.models.ffn_cut import GGUF_SITE as KEY_SITE
+from aios.models.ffn_cut import GGUF_VALUES as KEY_VALUES
 
 SITES = ("gate", "down_in")
-KEY_SITE = "aios.ffn_threshold.site"
-KEY_VALUES = "aios.ffn_threshold.values"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from aios.errors import InvalidModelError
+from aios.models import ffn_cut
 from aios.models.architectures import Architecture
 
 
@@ -27,8 +28,9 @@ class ArchFacts:
     vocab_size: int | None
     max_context: int | None
     tied_embeddings: bool
-    # calibrated per-layer FFN thresholds (aios-convert sparsify, GGUF aios.ffn_threshold.site):
-    # where the cut is made ("gate" or "down_in"), None when the model has none
+    # calibrated per-layer FFN thresholds (aios-convert sparsify, GGUF aios.ffn_threshold.site;
+    # an HF folder's config.json aios_ffn_threshold, aios/models/ffn_cut.py): where the cut is
+    # made ("gate" or "down_in"), None when the model has none
     ffn_threshold_site: str | None = None
 
     @property
@@ -116,4 +118,5 @@ def facts_from_hf_config(arch: Architecture, config: Mapping[str, Any]) -> ArchF
         vocab_size=vocab,
         max_context=ctx,
         tied_embeddings=bool(config.get(arch.tied_key, arch.tied_default)),
+        ffn_threshold_site=ffn_cut.SITE if ffn_cut.from_config(config, n_layers) is not None else None,
     )

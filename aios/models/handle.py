@@ -223,6 +223,13 @@ class ModelHandle:
                 f"transformers did not load {len(problems)} weight(s) of '{self.spec}' "
                 f"({_summarize_keys(problems)}) and would random-initialize them{hint}; "
                 "nothing was measured on this model.", problems)
+        if self.kind != "gguf":  # an HF folder's calibrated cut (GGUFs run theirs in aios-run)
+            from aios.models import ffn_cut
+
+            values = ffn_cut.from_config(self.config, self.facts.n_layers)
+            if values is not None:
+                ffn_cut.install(model, [self.arch.block(i, self.arch.ffn_down)
+                                        for i in range(self.facts.n_layers)], values)
         model.eval()
         return model
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from aios import CONTRACT_VERSION, __version__
 from aios.io import sha256_file
-from aios.models import ModelHandle
+from aios.models import ModelHandle, ffn_cut
 from aios.models.architectures import activation_family
 from aios.models.from_gguf import gguf_source_of
 from convert.gguf import sparsity
@@ -188,6 +188,12 @@ def aios_metadata(handle: ModelHandle, outtype: str, fallbacks: list[str], prove
         meta["aios.llama_cpp.activation_note"] = LLAMA_CPP_ACT_NOTES[activation_family(runs)]
     if f.activation_threshold is not None:
         meta["aios.ffn_activation_threshold"] = f.activation_threshold
+    cut = ffn_cut.from_config(handle.config, f.n_layers) if handle.kind != "gguf" else None
+    if cut is not None:  # an HF folder's calibrated cut (relufy --init-thresholds): aios-run applies it
+        meta.update({ffn_cut.GGUF_SITE: ffn_cut.SITE, ffn_cut.GGUF_VALUES: cut,
+                     "aios.ffn_threshold.runtime": "aios-run applies the thresholds; llama.cpp ignores them"})
+        warnings.append("llama.cpp ignores aios.ffn_threshold.* (the config's calibrated FFN cut): it "
+                        "runs this file without the cut; aios-run applies it")
     if fallbacks:
         meta["aios.export.fallbacks"] = fallbacks
     if not matches:
