@@ -40,6 +40,10 @@ class RelufyConfig:
     weight_decay: float = 0.1  # AdamW, matrices only
     clip: float = 1.0  # gradient-norm clipping
     seed: int = 0
+    # warm start (--init-thresholds) only: fraction of the steps over which the FFN activation
+    # moves linearly from the source's (GELU/SiLU, with the cut: the sparsified model) to
+    # ``activation``; 0 swaps at the first step as a plain run does
+    anneal: float = 0.5
 
     def validate(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -52,6 +56,8 @@ class RelufyConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be positive (got {value}).")
         if self.l1 < 0 or self.weight_decay < 0:
             raise UsageError("--l1 and the weight decay must be ≥ 0.")
+        if not 0 <= self.anneal <= 1:
+            raise UsageError(f"--anneal must be between 0 and 1 (got {self.anneal}).")
         if not 0 <= self.l1_start <= self.l1_full <= 1 or not 0 <= self.warmup_frac < 1:
             raise UsageError("Schedule fractions must satisfy 0 ≤ l1_start ≤ l1_full ≤ 1 "
                              "and 0 ≤ warmup < 1.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
 from convert.relufy_config import PROVENANCE_FILE, ProgressFn, RelufyConfig
+from convert.sparsify import bos_prefix
 from convert.train_data import Prefetcher, RandomWindows, StreamedWindows, WindowSource
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -124,7 +126,7 @@ def _measure(handle, model, tokenizer, heldout: TokenSet, calib: list[str]) -> d
     """Held-out perplexity and R1's exact zeros, on the model's own device."""
     was_training = model.training
     model.eval()
-    ppl = ev.heldout_perplexity(model, heldout)
+    ppl = ev.heldout_perplexity(model, heldout, bos_prefix(tokenizer))
     stats = ev.exact_zero_activity(handle, model, tokenizer, calib)
     model.train(was_training)
     return {"heldout_perplexity": round(ppl, 4),
@@ -160,12 +162,14 @@ def _check_identity(ckpt: Path, state: dict, identity: dict[str, Any], world: in
 def _source(tokenizer, train_data, cfg: RelufyConfig, dist: eng.Dist) -> WindowSource:
     """The run's data; a streamed corpus is probed for its first window by a throwaway reader,
     so unreadable or too-short data is refused before any work folder exists."""
+    prefix = bos_prefix(tokenizer)  # Gemma/Llama: every window starts with BOS, as in use
     if train_data is None:
-        return RandomWindows(pydoc_split(tokenizer, "train"), cfg.seq_len, cfg.seed, dist.rank,
-                             dist.world)
+        return ev.PrefixedWindows(RandomWindows(pydoc_split(tokenizer, "train"), cfg.seq_len, cfg.seed,
+                                                dist.rank, dist.world), prefix)
     StreamedWindows(train_data, tokenizer, cfg.seq_len, cfg.seed, dist.rank, dist.world,
                     shuffle_windows=1).next_batch(1)
-    return StreamedWindows(train_data, tokenizer, cfg.seq_len, cfg.seed, dist.rank, dist.world)
+    return ev.PrefixedWindows(StreamedWindows(train_data, tokenizer, cfg.seq_len, cfg.seed, dist.rank,
+                                              dist.world), prefix)
 
 
 def _train_identity(source: WindowSource) -> dict[str, Any]:
@@ -223,6 +227,11 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
         setattr(model.config, ffn_cut.CONFIG_KEY, ffn_cut.config_entry(cut, cut_record["from"]))
         progress("phase", message=f"warm start: the fine-tune runs with {len(cut)} calibrated "
                                   f"down-projection cuts ({cut_record['from']}); {ffn_cut.TRANSFORMERS_NOTE}")
+    blends = _anneal_modules(handle, model, cfg) if cut is not None else []
+    if blends:
+        span = math.ceil(cfg.anneal * cfg.steps)
+        cut_record.update(anneal_steps=span, start=f"{handle.facts.activation} with the cut (the "
+                          f"sparsified model), moving linearly to {cfg.activation} by step {span}")
     downs = [model.get_submodule(name) for name in down_names]
     flops = eng.flops_per_token(model, handle.facts.n_layers, handle.facts.d_model, cfg.seq_len)
     model, opt = eng.prepare(dist, model, lambda m: eng.make_optimizer(m, cfg.lr, cfg.weight_decay,
@@ -230,7 +239,9 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
                              gradient_checkpointing)
     plain = dist.acc.unwrap_model(model)
     if state is None:
-        progress("phase", message=f"measuring after the swap to {cfg.activation}")
+        progress("phase", message=f"measuring after the swap to {cfg.activation}" if not blends else
+                 f"measuring the warm start ({handle.facts.activation} with the cut; it becomes "
+                 f"{cfg.activation} by step {cut_record['anneal_steps']})")
         metrics["after_swap"] = _measure(handle, plain, tokenizer, heldout, calib)
         run_state = {"identity": identity, "step": 0, "metrics": metrics, "log": [], "curve": [],
                      "density": None, "tokens_seen": 0}
@@ -246,7 +257,10 @@ def run(model_spec: str, out: Path, cfg: RelufyConfig, *, train_data, device, re
     throughput = train_loop(model, opt, downs, cfg, dist, source, run_state, per_rank, accum,
                             checkpoint_every, eval_every, flops,
                             lambda: _measure(handle, plain, tokenizer, heldout, calib),
-                            lambda: source.state_dict(), work, progress)
+                            lambda: source.state_dict(), work, progress,
+                            on_step=lambda step: _set_anneal(blends, step, cfg))
+    for parent, name, blend in blends:  # the saved model runs the new activation alone
+        setattr(parent, name, blend.new)
     metrics = run_state["metrics"]
     progress("phase", message="measuring the fine-tuned model")
     metrics["after"] = _measure(handle, plain, tokenizer, heldout, calib)
@@ -283,11 +297,37 @@ def _describe_run(dist: eng.Dist, cfg: RelufyConfig, per_rank: int, accum: int, 
             f"{'es' if accum > 1 else ''} of {micro}")
 
 
+def _anneal_modules(handle: ModelHandle, model, cfg: RelufyConfig) -> list:
+    """Each block's activation module replaced by an :class:`ActivationAnneal` from the source's
+    activation to the swapped one (α = 0 at first); [(parent, attribute, module)]. Empty when
+    ``cfg.anneal`` is 0 or transformers has no module for the source's activation."""
+    from transformers.activations import ACT2FN
+
+    if cfg.anneal <= 0 or handle.facts.activation not in ACT2FN:
+        return []
+    out = []
+    for i in range(handle.facts.n_layers):
+        path = handle.arch.block(i, handle.arch.ffn_act_module)
+        owner, _, name = path.rpartition(".")
+        parent = model.get_submodule(owner)
+        blend = tr.ActivationAnneal(ACT2FN[handle.facts.activation], getattr(parent, name))
+        setattr(parent, name, blend)
+        out.append((parent, name, blend))
+    return out
+
+
+def _set_anneal(blends: list, step: int, cfg: RelufyConfig) -> None:
+    for _parent, _name, blend in blends:
+        blend.alpha = tr.anneal_at(step, cfg.steps, cfg.anneal)
+
+
 def train_loop(model, opt, downs, cfg: RelufyConfig, dist: eng.Dist, source: WindowSource,
                run_state: dict, per_rank: int, accum: int, checkpoint_every: int,
                eval_every: int, flops: float, measure, data_state, work: Path,
-               progress: ProgressFn) -> dict[str, Any]:
-    """Steps ``run_state['step']`` … ``cfg.steps - 1``; checkpoints and evaluations between."""
+               progress: ProgressFn, on_step=None) -> dict[str, Any]:
+    """Steps ``run_state['step']`` … ``cfg.steps - 1``; checkpoints and evaluations between.
+    ``on_step(step)`` runs before each step's forward passes (the warm start's activation
+    schedule)."""
     tap = tr.ActivationTap(downs)
     warmup = max(1, int(cfg.warmup_frac * cfg.steps))
     first = run_state["step"]
@@ -309,6 +349,8 @@ def train_loop(model, opt, downs, cfg: RelufyConfig, dist: eng.Dist, source: Win
         for step in range(first, cfg.steps):
             eng.fault_point(dist.rank, step)
             windows, snapshot = feed.get(step)
+            if on_step is not None:
+                on_step(step)
             lam_now[0] = tr.l1_at(step, cfg.steps, cfg.l1, cfg.l1_start, cfg.l1_full)
             lr = tr.lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_frac)
             r = eng.optimizer_step(dist, model, opt, windows, accum, lr, loss_fn, cfg.clip)

@@ -51,6 +51,30 @@ def l1_at(step: int, steps: int, final: float, start: float, full: float) -> flo
     return final * 0.5 * (1 - math.cos(math.pi * t))
 
 
+def anneal_at(step: int, steps: int, frac: float) -> float:
+    """Weight of the new activation at 0-based ``step``: rises linearly to 1 at ``frac``·steps
+    (1 from the first step when ``frac`` is 0)."""
+    span = frac * steps
+    return 1.0 if span <= 0 else min(1.0, (step + 1) / span)
+
+
+class ActivationAnneal(torch.nn.Module):
+    """(1 − α)·old(x) + α·new(x): the FFN activation of a warm-started relufy moving from the
+    source's smooth function to ReLU during recovery (``alpha`` set each step); at α = 1 it is
+    ``new`` exactly, the activation the saved model runs."""
+
+    def __init__(self, old: torch.nn.Module, new: torch.nn.Module) -> None:
+        super().__init__()
+        self.old, self.new, self.alpha = old, new, 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.alpha >= 1.0:
+            return self.new(x)
+        if self.alpha <= 0.0:
+            return self.old(x)
+        return torch.lerp(self.old(x), self.new(x), self.alpha)
+
+
 class ActivationTap:
     """Forward pre-hooks on FFN output projections that keep their input for the penalty.
 
