@@ -8,6 +8,8 @@ library modules' own vocabularies, all importable without torch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option, warn
@@ -56,14 +58,17 @@ def main() -> None:
 @click.option("--sparse-down", is_flag=True,
               help="Store FFN down projections neuron-major (blk.N.ffn_down.t) so aios-run's sparse modes "
                    "skip non-firing neurons in any type; the file is for aios-run, not llama.cpp.")
+@click.option("--like", type=click.Path(dir_okay=False), default=None, metavar="SOURCE.gguf",
+              help="Write each tensor in the type SOURCE.gguf has for it (e.g. the llama.cpp Q4_K_M file the "
+                   "model came from: the same quant mix back); --outtype types the tensors it lacks.")
 @click.option("--dry-run", is_flag=True, help="Print the tensor plan and metadata; write nothing.")
 def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None, sparse_down: bool,
-                 dry_run: bool) -> None:
+                 like: str | None, dry_run: bool) -> None:
     from convert.gguf import GGUFExportConfig, export_gguf
 
     console = make_console()
-    result = export_gguf(model, output, GGUFExportConfig(outtype, sparsity_map, sparse_down=sparse_down),
-                         dry_run=dry_run)
+    result = export_gguf(model, output, GGUFExportConfig(outtype, sparsity_map, sparse_down=sparse_down,
+                                                         like=like), dry_run=dry_run)
     if dry_run:
         for p in result.plan:
             fb = f"  (fallback: {p.fallback})" if p.fallback else ""
@@ -79,7 +84,8 @@ def gguf_command(model: str, output: str, outtype: str, sparsity_map: str | None
         warn(f, "fallback")
     where = "would write" if dry_run else "wrote"
     console.print(f"{where} {output}: {len(result.plan)} tensors, {result.total_bytes / 2**20:,.2f} MiB of "
-                  f"tensor data, {outtype}, {len(result.fallbacks)} fallback(s); llama.cpp "
+                  f"tensor data, {f'types of {Path(like).name}' if like else outtype}, "
+                  f"{len(result.fallbacks)} fallback(s); llama.cpp "
                   f"{result.llama_cpp_status}")
 
 
@@ -166,6 +172,9 @@ def _relufy_default(name: str):
 @click.option("--init-thresholds", default=None, metavar="FILE",
               help="Warm start: train with the calibrated down-projection cuts of FILE (a GGUF of this "
                    "model from `aios-convert sparsify`) in place; they become part of OUT.")
+@click.option("--anneal", type=float, default=_relufy_default("anneal"), show_default=True,
+              help="With --init-thresholds: fraction of the steps over which the activation moves "
+                   "from the source's to ReLU (0: swap at once).")
 def relufy_command(model: str, out: str, activation: str, train_data: str | None, resume: bool,
                    device: str, heldout_data: str | None, tokens: str | None, init_thresholds: str | None,
                    batch_tokens: int | None, micro_batch: int | None, gradient_checkpointing: bool,

@@ -88,7 +88,9 @@ def export_gguf(model: str | ModelHandle, output: str | Path, config: GGUFExport
             "`--dealias OUT.gguf` (standard GGUF llama.cpp loads)."
         )
     masks = _load_masks(handle, config)
-    plan = ExportPlan(handle, config.outtype, plan_tensors(handle, config.outtype, masks))
+    like, file_type = gt.like_types(config.like) if config.like else (None, None)
+    plan = ExportPlan(handle, config.outtype, plan_tensors(handle, config.outtype, masks, like=like),
+                      file_type=file_type)
     if config.sparse_down:
         if handle.arch.transposed_linear:
             raise UsageError(f"--sparse-down is for the architectures aios-run runs; '{handle.arch.name}' is not one.")

@@ -132,8 +132,9 @@ HPARAM_WRITERS: dict[str, Callable[[Any, ModelHandle], None]] = {
 _BEFORE_EPS = ("vocab_size", "rope_dimension_count")  # written before the norm epsilon
 
 
-def write_hparams(w, handle: ModelHandle, outtype: str) -> None:
-    """Architecture keys llama.cpp reads (the ones its converter writes for these models)."""
+def write_hparams(w, handle: ModelHandle, outtype: str, file_type: int | None = None) -> None:
+    """Architecture keys llama.cpp reads (the ones its converter writes for these models);
+    ``file_type``: general.file_type when not ``outtype``'s (``--like``)."""
     f, c, arch = handle.facts, handle.config, handle.arch
     w.add_name(handle.name)
     w.add_context_length(int(f.max_context or 2048))
@@ -156,8 +157,8 @@ def write_hparams(w, handle: ModelHandle, outtype: str) -> None:
         HPARAM_WRITERS[key](w, handle)
     if theta is not None and arch.rope is not None:
         w.add_rope_freq_base(float(theta))
-    w.add_file_type(gt.llama_file_type(outtype))
-    if outtype in ("q8_0", "q4_0"):
+    w.add_file_type(file_type if file_type is not None else gt.llama_file_type(outtype))
+    if outtype in ("q8_0", "q4_0", "q5_0") or file_type is not None:
         import gguf
 
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -261,6 +262,10 @@ def provenance(handle: ModelHandle, config: GGUFExportConfig | None = None, *,
             converter_config["sparsity_map"] = Path(converter_config["sparsity_map"]).name
         if not converter_config["sparse_down"]:  # recorded only when on: older exports keep their bytes
             del converter_config["sparse_down"]
+        if converter_config["like"]:
+            converter_config["like"] = Path(converter_config["like"]).name
+        else:
+            del converter_config["like"]
     small = {n: sha256_file(folder / n) for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
              if (folder / n).is_file()}
     return {"tool": "aios-toolchain", "tool_version": __version__, "command": command,

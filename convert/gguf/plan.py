@@ -40,6 +40,9 @@ class GGUFExportConfig:
     # store each FFN down projection neuron-major (blk.N.ffn_down.t) instead of ffn_down.weight,
     # so exact-sparse runs read only the rows of firing neurons in any type (aios-run only)
     sparse_down: bool = False
+    # a GGUF whose per-tensor types the export copies (``--like``: a Q4_K_M user gets the same
+    # mix back); file name only in provenance. ``outtype`` then types the tensors it lacks.
+    like: str | None = None
 
 
 @dataclass
@@ -63,6 +66,7 @@ class ExportPlan:
     handle: ModelHandle
     outtype: str  # the requested type (llama.cpp's general.file_type follows it)
     tensors: list[PlannedTensor]
+    file_type: int | None = None  # general.file_type when not ``outtype``'s (``--like``: the source's)
     metadata: dict[str, object] = field(default_factory=dict)  # the aios.* keys
     tokenizer: Any = None  # convert.gguf.tokenizer.TokenizerMeta or None
 
@@ -156,9 +160,11 @@ def plan_tensor(handle: ModelHandle, gname: str, source: str, outtype: str, *,
 
 
 def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray] | None = None, *,
-                 exclude: Iterable[str] = ()) -> list[PlannedTensor]:
+                 exclude: Iterable[str] = (),
+                 like: dict[str, tuple[str, str | None]] | None = None) -> list[PlannedTensor]:
     """Every standard tensor (HF tensors in ``exclude`` left out) and the sparsity masks, in
-    llama.cpp's order, from safetensors headers only."""
+    llama.cpp's order, from safetensors headers only. ``like`` (``gt.like_types``): the type of
+    each named tensor (its blocks permitting), ``outtype`` for the others."""
     arch = handle.arch
     tmap = gguf_name_map(handle)
     skip = set(exclude)
@@ -169,7 +175,13 @@ def plan_tensors(handle: ModelHandle, outtype: str, masks: dict[int, np.ndarray]
         name = gguf_name(tmap, info.name, arch.gguf_arch.lower())
         if info.dtype not in ("F32", "F16", "BF16"):
             raise InvalidModelError(f"Tensor '{info.name}' is {info.dtype}; export reads F32/F16/BF16 weights.")
-        plan.append(plan_tensor(handle, name, info.name, outtype, rule=arch.layout_rule(info.name)))
+        p = plan_tensor(handle, name, info.name, outtype, rule=arch.layout_rule(info.name))
+        if like and name in like and len(p.shape) > 1:
+            want, why = like[name]
+            typ, fits = gt.choose_type(p.shape, want)
+            p = plan_tensor(handle, name, info.name, outtype, rule=p.rule, force_type=typ)
+            p.fallback = fits or why
+        plan.append(p)
     for kind in arch.generated_tensors:
         plan.extend(GENERATED_TENSORS[kind](handle))
     for i, m in (masks or {}).items():

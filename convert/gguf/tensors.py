@@ -11,7 +11,8 @@ Apart from :func:`source_rows`, pure functions on tensors; no model walking or f
   block size (Q8_0/Q4_0 blocks hold 32 values, K-quant super-blocks 256), never silently.
   K-quant fallbacks keep the size class where they can: Q4_K and Q2_K -> Q4_0 (4.5 bits
   per weight; llama.cpp picks Q5_0 / IQ4_NL, which our runtime does not run), Q6_K -> Q8_0
-  (llama.cpp's choice too); a row that fits no block at all -> F16.
+  (llama.cpp's choice too); a row that fits no block at all -> F16. ``--like FILE`` writes
+  each tensor in the type FILE has for the same name (``like_types``; Q5_0 through gguf-py).
 - Encoding: rows are converted and quantized in chunks of ``CHUNK_BYTES`` of float32, so
   a conversion never holds more than the source tensor plus one chunk.
 """
@@ -19,16 +20,23 @@ Apart from :func:`source_rows`, pure functions on tensors; no model walking or f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Callable
 
 import numpy as np
 
 CHUNK_BYTES = 16 << 20  # float32 bytes converted per step
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k")
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q2_k")
 KQUANTS = ("q4_k", "q6_k", "q2_k")  # encoded by convert.kquants
 # what a requested type falls back to when a tensor's shape does not fit its blocks
-FALLBACK = {"q8_0": "f16", "q4_0": "f16", "bf16": "f16", "q4_k": "q4_0", "q6_k": "q8_0", "q2_k": "q4_0"}
+FALLBACK = {"q8_0": "f16", "q5_0": "f16", "q4_0": "f16", "bf16": "f16", "q4_k": "q4_0", "q6_k": "q8_0",
+            "q2_k": "q4_0"}
+# ``--like``: a source GGUF type this exporter cannot encode → the one it writes instead (at least
+# as many bits per weight; the plan reports each such tensor)
+LIKE_SUBSTITUTE = {"Q4_1": "q5_0", "Q5_1": "q8_0", "Q3_K": "q4_k", "Q5_K": "q6_k", "IQ4_NL": "q4_k",
+                   "IQ4_XS": "q4_k", "IQ3_S": "q4_k", "IQ3_XXS": "q4_k", "IQ2_XXS": "q2_k",
+                   "IQ2_XS": "q2_k", "IQ2_S": "q2_k", "IQ1_S": "q2_k", "IQ1_M": "q2_k"}
 
 
 def ggml_type(outtype: str):
@@ -46,6 +54,7 @@ def llama_file_type(outtype: str):
         "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
         "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+        "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
         "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S,  # uniform Q4_K: closest to llama.cpp's "S" mix
         "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
         "q2_k": gguf.LlamaFileType.MOSTLY_Q2_K,
@@ -67,6 +76,30 @@ def choose_type(shape: tuple[int, ...], outtype: str) -> tuple[str, str | None]:
     while shape[-1] % quant.block_size(fb):  # the fallback's own blocks must fit
         fb = FALLBACK.get(fb, "f32")
     return fb, why
+
+
+def like_types(path: str | Path) -> tuple[dict[str, tuple[str, str | None]], int | None]:
+    """``--like FILE``: {GGUF tensor name: (type to write, why it differs from FILE's or None)}
+    and FILE's ``general.file_type``, from FILE's header (no tensor data is read)."""
+    from aios.errors import ModelNotFoundError
+    from aios.models.tensors import GGUFStore
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ModelNotFoundError(f"--like: {p} does not exist.")
+    store = GGUFStore(p)
+    types = {}
+    for t in store.reader.tensors:
+        name = t.tensor_type.name
+        if name.lower() in OUTTYPES:
+            types[t.name] = (name.lower(), None)
+        elif name in LIKE_SUBSTITUTE:
+            sub = LIKE_SUBSTITUTE[name]
+            types[t.name] = (sub, f"{p.name} has {name}, which this exporter does not encode")
+        else:
+            types[t.name] = ("f16", f"{p.name} has {name}, which this exporter does not encode")
+    ft = store.field("general.file_type")
+    return types, (ft if isinstance(ft, int) else None)
 
 
 def encoded_nbytes(shape: tuple[int, ...], outtype: str) -> int:

@@ -65,13 +65,14 @@ def finalize(tmp: Path, out: Path) -> None:
 
 
 def write_gguf_file(out: Path, handle: ModelHandle, outtype: str, tok, metadata: dict[str, object],
-                    tensors: list[TensorOut], progress: Progress | None = None) -> None:
+                    tensors: list[TensorOut], progress: Progress | None = None,
+                    file_type: int | None = None) -> None:
     """Hyperparameters, tokenizer, ``aios.*`` metadata and ``tensors`` written atomically."""
     import gguf
 
     with atomic_output(out) as tmp:
         w = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[handle.arch.gguf_arch]])
-        write_hparams(w, handle, outtype)
+        write_hparams(w, handle, outtype, file_type)
         if tok is not None:
             tok.add_to(w)
         add_metadata(w, metadata)
@@ -92,7 +93,8 @@ def write_plan(plan: ExportPlan, out: Path, progress: Progress | None = None) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     tensors = [TensorOut(p.name, p.shape, p.outtype, p.nbytes, gt.tensor_data(plan.handle, p))
                for p in plan.tensors]
-    write_gguf_file(out, plan.handle, plan.outtype, plan.tokenizer, plan.metadata, tensors, progress)
+    write_gguf_file(out, plan.handle, plan.outtype, plan.tokenizer, plan.metadata, tensors, progress,
+                    plan.file_type)
 
 
 # --- copying a GGUF (the converters that take a GGUF in and change only some of it) -----------
