@@ -38,6 +38,7 @@ from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageEr
 from aios.measure.similarity import cosine_from_gram, streamed_gram
 from aios.models import ModelHandle, resolve_model
 from aios.models import alias_format as af
+from aios.models.from_gguf import gguf_source_of, hf_source
 from contract.spec import zone_threshold
 from convert.alias_config import CANONICAL_MODES
 from convert.relufy_run import source_sha256
@@ -297,9 +298,10 @@ def alias(model: str | ModelHandle, out: str | Path, cfg: AliasConfig, *, outtyp
         raise UsageError("--budget-ppl must be ≥ 0 (an absolute perplexity increase).")
     out = Path(out)
     check_output(out)
-    handle = model if isinstance(model, ModelHandle) else resolve_model(str(model))
-    check_source(handle)
     say = progress or (lambda _m: None)
+    handle = model if isinstance(model, ModelHandle) else resolve_model(str(model))
+    handle = hf_source(handle, say)  # a llama.cpp GGUF: its dequantized HF twin (made once, cached)
+    check_source(handle)
     analysis = analyse(handle, cfg, say)
     torch.manual_seed(0)
     tm = handle.load_torch(dtype="float32")
@@ -415,7 +417,8 @@ def write_folder(handle: ModelHandle, out: Path, built: list[BuiltGroup], report
     report["provenance"] = {"tool": "aios-toolchain", "tool_version": __version__,
                             "contract_version": CONTRACT_VERSION,
                             "source": {"name": handle.name, "architecture": handle.arch.name,
-                                       "sha256": source_sha256(handle)}}
+                                       "sha256": source_sha256(handle),
+                                       **({"gguf": g} if (g := gguf_source_of(handle.path)) else {})}}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

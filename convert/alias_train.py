@@ -34,11 +34,12 @@ from torch.nn.utils import parametrize
 from aios.errors import UsageError
 from aios.evaluation import pydoc_split
 from aios.models import ModelHandle, resolve_model
+from aios.models.from_gguf import hf_source
 from convert import alias as A
-from convert.alias_config import DELTA_NORMS
 from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
+from convert.alias_config import DELTA_NORMS
 from convert.train_data import Prefetcher, RandomWindows, StreamedWindows
 
 
@@ -147,7 +148,7 @@ def train_alias(model: str | ModelHandle, out: str | Path, cfg: AliasTrainConfig
         raise UsageError(f"{work} holds an interrupted run; rerun with --resume to continue it, "
                          "or delete that folder to start over.")
     ckpt = eng.latest_checkpoint(work) if resume else None
-    handle = model if isinstance(model, ModelHandle) else resolve_model(str(model))
+    handle = hf_source(model if isinstance(model, ModelHandle) else resolve_model(str(model)))
     A.check_source(handle)
     dist = eng.start(device)
     if dist.strategy == "FSDP":

@@ -18,6 +18,7 @@ from aios.evaluation import pydoc_split
 from aios.fixtures import train as fixture_recipe
 from aios.measure.ffn import measure_ffn_activity
 from aios.models import ModelHandle, resolve_model
+from aios.models.from_gguf import hf_source
 from convert import evaluation as ev
 from convert import sparsity_search as ss
 from convert.relufy_run import source_sha256
@@ -61,7 +62,7 @@ def build(model_spec: str, cfg, calibration,
           progress: Callable[[str], None]) -> tuple[dict[str, Any], np.ndarray]:
     """(header, keep (L, d_ffn) bool) for ``model_spec`` under ``cfg`` (a SparsityMapConfig)."""
     budget_pct = cfg.budget()
-    handle = resolve_model(model_spec)
+    handle = hf_source(resolve_model(model_spec), progress)  # a GGUF: its dequantized HF twin
     handle.require_weights("A sparsity map")
     model = handle.load_torch()
     tokenizer = handle.load_tokenizer()

@@ -50,6 +50,7 @@ import numpy as np
 from aios import quant
 from aios.errors import UsageError
 from aios.models import ModelHandle, resolve_model
+from aios.models.from_gguf import hf_source
 
 RESIDUALS = ("q8_0", "q4_0", "q4_k", "q2_k", "q6_k", "f16", "none")
 K_TYPES = ("q4_k", "q2_k", "q6_k")
@@ -454,7 +455,7 @@ def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualC
     out = Path(output)
     if out.is_dir():
         raise UsageError(f"-o {out} is a folder; pass a file name such as {out / 'model.gguf'}.")
-    handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    handle = hf_source(model if isinstance(model, ModelHandle) else resolve_model(model))
     check_exportable(handle)
     plan = plan_tensors(handle, cfg.outtype)
     targets = [p for p in plan if is_factorized(p)]
@@ -475,7 +476,7 @@ def calibrate(model: str | ModelHandle, cfg: SvdResidualConfig, calibration: str
     from aios.data import load_texts, texts_sha256
     from convert.gguf import check_exportable, plan_tensors
 
-    handle = model if isinstance(model, ModelHandle) else resolve_model(model)
+    handle = hf_source(model if isinstance(model, ModelHandle) else resolve_model(model))
     check_exportable(handle)
     texts = load_texts(calibration, cfg.samples)
     sources = [p.source for p in plan_tensors(handle, cfg.outtype) if is_factorized(p)]

@@ -25,11 +25,17 @@ import os
 import shutil
 from pathlib import Path
 
+from aios.errors import InvalidModelError
 from aios.io import cache_root as aios_cache_root
 from aios.io import sha256_file
 from aios.models.handle import ModelHandle
 
 MARKER = "aios_source_gguf.json"
+# keys of GGUFs only aios-run runs (extra or replaced tensors): no HF twin can be made of them
+AIOS_ONLY = {"aios.lowrank.format": "low-rank + residual matrices, aios-convert svd-residual",
+             "aios.alias.groups": "canonical + delta weights, aios-convert alias --gguf",
+             "aios.sparse_down.format": "neuron-major down projections, --sparse-down",
+             "aios.sparsity.format": "an embedded sparsity map"}
 
 
 def cache_root() -> Path:
@@ -52,6 +58,13 @@ def hf_source(handle: ModelHandle, progress=None) -> ModelHandle:
     if handle.kind != "gguf":
         return handle
     from aios.models.resolve import resolve_model
+
+    store = handle.store
+    own = next((what for key, what in AIOS_ONLY.items()
+                if store is not None and store.field(key) is not None), None)
+    if own is not None:  # transformers would random-initialize its extra tensors
+        raise InvalidModelError(f"{handle.path.name} is an aios-run file ({own}), not a model "
+                                "transformers can load; convert the model it was made from.")
 
     record = source_record(handle)
     folder = cache_root() / f"{handle.path.stem}-{record['sha256'][:16]}"

@@ -75,8 +75,8 @@ def test_types_the_source_lacks_or_cannot_be_encoded_are_reported(q4_k_m, tmp_pa
     assert ft == LLAMA_FTYPE_MOSTLY_Q4_K_M and types[name][1] is None
     types[name] = (gt.LIKE_SUBSTITUTE["Q5_K"], "x.gguf has Q5_K, which this exporter does not encode")
     del types["output_norm.weight"]  # 1-D tensors stay F32 whatever the source says
-    from convert.gguf.plan import plan_tensors
     from aios.models import resolve_model
+    from convert.gguf.plan import plan_tensors
 
     plan = {p.name: p for p in plan_tensors(resolve_model(str(src)), "q8_0", like=types)}
     assert plan[name].outtype == "q6_k" and "Q5_K" in plan[name].fallback

@@ -183,7 +183,7 @@ def test_user_errors_exit_cleanly(tmp_path, falcon_lr):
         (("tiny-falcon", "--rank", "4", "--energy", "0.9"), 2, "Choose one of"),
         (("tiny-falcon", "--residual", "q3_x"), 2, "Invalid value for '--residual'"),
         (("tiny-falcon", "--bpw", "0.5", "--method", "plain"), 2, "leaves no room"),
-        ((str(falcon_lr[0].output),), 4, "not an HF model folder"),
+        ((str(falcon_lr[0].output),), 4, "is an aios-run file (low-rank + residual"),
         ((str(tmp_path / "missing"),), 4, ""),
     ]:
         res = run(*args)
