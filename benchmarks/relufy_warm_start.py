@@ -10,7 +10,10 @@ which the held-out text never overlaps).
 Reported per run, from the relufy provenance: held-out perplexity before / after the swap /
 after the fine-tune (relufy's protocol, each 128-token window after the model's BOS), the exact
 zeros by the R1 checker's code on all 241 calibration prompts (what ``aios-contract check``
-measures on the output folder), and wall time. Writes ``DIR/relufy_warm_start.json``.
+measures on the output folder), and wall time. Then each output is exported in the source
+GGUF's own quant mix (``aios-convert gguf --like``) and that file is checked as a user would:
+R1 through aios-run (``aios-contract check``'s code), and whether llama.cpp loads it. Writes
+``DIR/relufy_warm_start.json`` (``--export-only`` redoes the export step on earlier outputs).
 
     python benchmarks/relufy_warm_start.py -o warm-vs-plain \\
         [--model real|FOLDER|GGUF] [--thresholds FILE] [--steps 40 --batch 8 --seq-len 128 \\
@@ -81,6 +84,36 @@ def one_run(name: str, model: str, out: Path, cfg, heldout: Path, thresholds: Pa
     return row
 
 
+def export_and_check(row: dict, source: str, samples: int | None) -> dict:
+    """The run's output folder exported in the source GGUF's quant mix (``gguf --like``), then
+    what a user of that file gets: R1 measured through aios-run by ``aios-contract check``'s
+    code, and whether llama.cpp loads it (and what the export says llama.cpp would run)."""
+    from aios.reference import llamacpp
+    from contract.check import check_model
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    folder = Path(row["output"])
+    out = folder.with_suffix(".gguf")
+    t0 = time.perf_counter()
+    res = export_gguf(str(folder), out, GGUFExportConfig("f16", like=source))
+    export_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    report = check_model(str(out), **({"samples": samples} if samples else {}))
+    r1 = next(r for r in report.requirements if r.id == "R1")
+    info = {"gguf": str(out), "bytes": out.stat().st_size, "export_seconds": round(export_s, 1),
+            "types": sorted({p.outtype for p in res.plan}), "fallbacks": res.fallbacks,
+            "export_warnings": res.warnings,
+            "r1": {"status": r1.status.value, "summary": r1.summary,
+                   "mean_exact_zero_fraction": r1.metric("mean_exact_zero_fraction").value,
+                   "engine": r1.details.get("engine"), "zeros_from": r1.details.get("zeros_from"),
+                   "seconds": round(time.perf_counter() - t0, 1)},
+            "llama_cpp_load_error": llamacpp.load_error(out) if llamacpp.available() else "not installed"}
+    print(f"[{row['run']}] {out.name}: {info['bytes'] / 1e6:.1f} MB, R1 {info['r1']['status']} "
+          f"({info['r1']['mean_exact_zero_fraction']:.4f}, through {info['r1']['engine']}); llama.cpp "
+          f"load: {info['llama_cpp_load_error'] or 'ok'}", flush=True)
+    return info
+
+
 def main() -> None:
     from dataclasses import replace
 
@@ -97,6 +130,11 @@ def main() -> None:
     ap.add_argument("--l1", type=float, default=1.0)
     ap.add_argument("--heldout-tokens", type=int, default=4096)
     ap.add_argument("--only", choices=("plain", "warm"), default=None)
+    ap.add_argument("--no-export", action="store_true",
+                    help="skip exporting each output with --like the source GGUF and checking R1 on it")
+    ap.add_argument("--export-only", action="store_true",
+                    help="only the export and check, on the outputs of an earlier run in -o")
+    ap.add_argument("--samples", type=int, default=None, help="R1 calibration texts (default: all 241)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -110,7 +148,7 @@ def main() -> None:
         model = str(real.fetch(real.GEMMA3_270M_Q4_K_M))
     thresholds = args.thresholds
     made = None
-    if thresholds is None and args.only != "plain":
+    if thresholds is None and args.only != "plain" and not args.export_only:
         from convert.sparsify import SparsifyConfig, sparsify
 
         if not model.endswith(".gguf"):
@@ -120,17 +158,28 @@ def main() -> None:
         if not thresholds.exists():
             sparsify(Path(model), thresholds, SparsifyConfig(target=args.target, heldout_tokens=0))
         made = {"file": thresholds.name, "target": args.target, "seconds": round(time.perf_counter() - t0, 1)}
+    path = args.out / "relufy_warm_start.json"
+    if args.export_only:
+        report = json.loads(path.read_text())
+        for row in report["runs"]:
+            if args.only in (None, row["run"]):
+                row["export"] = export_and_check(row, model, args.samples)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {path}")
+        return
     handle = resolve_model(model)
     heldout = heldout_file(handle.load_tokenizer(), args.heldout_tokens, args.out / "heldout.txt")
     cfg = replace(RelufyConfig(), steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
                   l1=args.l1)
     runs = [r for r in ("plain", "warm") if args.only in (None, r)]
     results = [one_run(r, model, args.out, cfg, heldout, thresholds if r == "warm" else None) for r in runs]
+    if not args.no_export and model.endswith(".gguf"):
+        for row in results:
+            row["export"] = export_and_check(row, model, args.samples)
     report = {"model": model, "config": cfg.to_dict(), "heldout_tokens": args.heldout_tokens,
               "thresholds_made": made, "cpu": platform.processor() or platform.machine(),
               "threads": os.environ.get("OMP_NUM_THREADS"),
               "mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION"), "runs": results}
-    path = args.out / "relufy_warm_start.json"
     if args.only and path.exists():  # one run at a time: merge with the other's
         old = json.loads(path.read_text())
         report["runs"] = [r for r in old.get("runs", []) if r["run"] != args.only] + results

@@ -228,6 +228,33 @@ def float_arithmetic():
     kernels.set_arithmetic(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_tokenizer_cache(tmp_path_factory):
+    """GGUF tokenizers built from the test files go to a folder of this session, not to the
+    user's ``~/.cache/aios/tokenizers`` (every tmp_path GGUF would leave an entry there); the
+    real model's entry (a file under ``aios.models.real``'s cache) stays where it is, so a second
+    run reads its 262k-token vocabulary in seconds. Tests of the cache itself patch it again."""
+    from aios.io import cache_root
+    from aios.models import gguf_tokenizer
+
+    own = gguf_tokenizer._cache_entry
+    session = tmp_path_factory.mktemp("gguf-tokenizers")
+    user = gguf_tokenizer.cache_dir().resolve()
+    models = (cache_root() / "models").resolve()
+
+    def entry(path: Path):
+        got = own(path)
+        if (got is None or got[0].parent.resolve() != user  # a test chose its own $AIOS_CACHE
+                or Path(path).resolve().is_relative_to(models)):
+            return got
+        return session / got[0].name, got[1]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(gguf_tokenizer, "_cache_entry", entry)
+    yield
+    patch.undo()
+
+
 def pytest_terminal_summary(terminalreporter):
     """Name every test whose llama.cpp reference ran on plain CPU buffers because llama.cpp's
     default buffers crashed (aios.reference.llamacpp), so a run on an AMX Xeon says so."""

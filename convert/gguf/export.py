@@ -94,7 +94,7 @@ def export_gguf(model: str | ModelHandle, output: str | Path, config: GGUFExport
     if config.sparse_down:
         if handle.arch.transposed_linear:
             raise UsageError(f"--sparse-down is for the architectures aios-run runs; '{handle.arch.name}' is not one.")
-        plan.tensors = neuron_major_down(handle, plan.tensors, config.outtype)
+        plan.tensors = neuron_major_down(handle, plan.tensors, config.outtype, keep_types=like is not None)
     plan.tokenizer = read_tokenizer(handle.path, handle.facts.vocab_size)  # type: ignore[arg-type]
     result = ExportResult(None, config, handle.arch.gguf_arch.lower(), plan.tensors, {})
     result.metadata, warnings, result.llama_cpp_loadable = aios_metadata(

@@ -245,18 +245,20 @@ GENERATED_TENSORS: dict[str, Callable[[ModelHandle], list[PlannedTensor]]] = {
 SPARSE_DOWN = "{base}.t"  # the neuron-major down projection, named after the tensor it replaces
 
 
-def neuron_major_down(handle: ModelHandle, tensors: list[PlannedTensor], outtype: str) -> list[PlannedTensor]:
+def neuron_major_down(handle: ModelHandle, tensors: list[PlannedTensor], outtype: str,
+                      keep_types: bool = False) -> list[PlannedTensor]:
     """``tensors`` with every ``blk.N.ffn_down.weight`` (d_model rows of d_ffn) replaced by
     ``blk.N.ffn_down.t`` (d_ffn rows of d_model): one neuron's output weights are one row,
     quantized along d_model, so a skipped neuron's bytes are never read. Types follow the
-    same fallback rules as every other tensor (the row length is now d_model)."""
+    same fallback rules as every other tensor (the row length is now d_model); ``keep_types``
+    (``--like``): each takes the type planned for the tensor it replaces, not ``outtype``."""
     out = []
     for p in tensors:
         if p.source is None or not re.fullmatch(r"blk\.\d+\.ffn_down\.weight", p.name) or p.rule is not None:
             out.append(p)
             continue
-        t = plan_tensor(handle, SPARSE_DOWN.format(base=p.name.removesuffix(".weight")), p.source, outtype,
-                        rule="transpose")
+        t = plan_tensor(handle, SPARSE_DOWN.format(base=p.name.removesuffix(".weight")), p.source,
+                        p.outtype if keep_types else outtype, rule="transpose")
         out.append(t)
     return sorted(out, key=lambda p: tensor_order(p.name))
 

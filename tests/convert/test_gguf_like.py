@@ -93,3 +93,14 @@ def test_types_the_source_lacks_or_cannot_be_encoded_are_reported(q4_k_m, tmp_pa
     assert r.exit_code == 0, r.output
     assert "types of m.q4_k_m.gguf" in r.output
     del mixed
+
+
+def test_like_with_sparse_down_keeps_the_down_projections_types(q4_k_m, tmp_path):
+    src, q4 = q4_k_m
+    out = tmp_path / "like-sd.gguf"
+    export_gguf(str(src), out, GGUFExportConfig("f16", like=str(q4), sparse_down=True))
+    theirs, ours = _types(q4), _types(out)
+    downs = [n for n in theirs if n.endswith("ffn_down.weight")]
+    assert downs and all(ours[n.replace(".weight", ".t")] == theirs[n] for n in downs)  # d_model 256 fits
+    assert {n: t for n, t in ours.items() if not n.endswith(".t")} == \
+        {n: t for n, t in theirs.items() if n not in downs}
