@@ -4,8 +4,8 @@ The first (file, mode) run is the baseline; every other run gets its measured MB
 reduction against it, next to the checker's *projected* reduction for that artifact and
 the ratio measured / projected — the line that confirms or refutes the contract's promise.
 
-Layering: a top-level application like the ``*/cli.py`` commands — it composes the runtime
-with ``contract.check`` (the projection) sideways; no library module imports this one.
+Layering: a runtime library module. The projection is an argument (``project``): the command
+(``runtime/cli.py``) passes ``aios-contract check``'s, so nothing here imports above the runtime.
 The bench's Markdown (:func:`to_markdown`) lives here too, so ``aios-run bench -o`` and
 ``aios-contract report`` render the same bytes.
 """
@@ -13,6 +13,7 @@ The bench's Markdown (:func:`to_markdown`) lives here too, so ``aios-run bench -
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -94,20 +95,6 @@ def _prompt_ids(tok, n_tokens: int) -> list[int]:
     return list(ids)
 
 
-def _projection(path: Path, context: int) -> tuple[float | None, str]:
-    """The checker's projected reduction for ``path`` at the bench's context."""
-    try:
-        from contract.check import check_model
-
-        rep = check_model(str(path), samples=32, max_tokens=64, context=context)
-    except AiosError as e:
-        return None, f"checker could not project: {e.message}"
-    except Exception as e:  # transformers' GGUF loader may not know the file
-        return None, f"checker could not project: {e.__class__.__name__}: {str(e)[:120]}"
-    p = rep.projection
-    return (p.projected_reduction if p else None), f"checker projection at context {context}, tier {rep.tier}"
-
-
 def _prediction_stats(model: Model) -> dict:
     """False-negative rate and predicted density over the run's decode steps."""
     s = model.pred_stats
@@ -174,16 +161,20 @@ def _measure_row(model: Model, path: Path, mode: str, ids: list[int], n: int, ch
     )
 
 
-def _compare_to_baseline(rows: list[BenchRow], context: int, project: bool) -> None:
+Projection = Callable[[Path, int], tuple[float | None, str]]
+
+
+def _compare_to_baseline(rows: list[BenchRow], context: int, project: Projection | None) -> None:
     """Measured reductions of every row against the first (and, with ``project``, the
-    reduction ``aios-contract check`` projects for each file at ``context`` tokens)."""
+    reduction it projects for each file at ``context`` tokens: ``aios-run bench`` passes
+    ``aios-contract check``'s, so this module imports nothing above the runtime)."""
     base = rows[0]
     for r in rows[1:]:
         if r.heldout_perplexity and base.heldout_perplexity:
             r.perplexity_ratio_vs_baseline = round(r.heldout_perplexity / base.heldout_perplexity, 4)
         r.reduction_vs_baseline = round(1 - r.decode_mb_per_token_total / base.decode_mb_per_token_total, 6)
-        if project:
-            proj, note = _projection(Path(r.file), context)
+        if project is not None:
+            proj, note = project(Path(r.file), context)
             r.projected_reduction, r.projection_note = proj, note
             if proj:
                 r.measured_over_projected = round(r.reduction_vs_baseline / proj, 4)
@@ -204,7 +195,7 @@ def _compare_to_baseline(rows: list[BenchRow], context: int, project: bool) -> N
 
 
 def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: int = 64, n: int = 32,
-          chunk: int = 64, tokenizer: str | None = None, project: bool = True,
+          chunk: int = 64, tokenizer: str | None = None, project: Projection | None = None,
           predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
           cachegrind_tokens: tuple[int, int] = (2, 6), perplexity_tokens: int = 0, progress=None,
           threads: int | None = None, arithmetic: str | None = None) -> dict:

@@ -122,6 +122,22 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     )
 
 
+def checker_projection(path, context: int) -> tuple[float | None, str]:
+    """``aios-contract check``'s projected reduction for ``path`` at the bench's context (the
+    command layer joins the two packages; ``runtime.bench`` takes it as an argument)."""
+    from aios.errors import AiosError
+    from contract.check import check_model
+
+    try:
+        rep = check_model(str(path), samples=32, max_tokens=64, context=context)
+    except AiosError as e:
+        return None, f"checker could not project: {e.message}"
+    except Exception as e:  # transformers' GGUF loader may not know the file
+        return None, f"checker could not project: {e.__class__.__name__}: {str(e)[:120]}"
+    p = rep.projection
+    return (p.projected_reduction if p else None), f"checker projection at context {context}, tier {rep.tier}"
+
+
 def _bench_progress(message: str, done: int, total: int) -> None:
     """One stderr line per long step (cachegrind runs take minutes each; silent with --quiet)."""
     from rich.markup import escape
@@ -195,7 +211,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
         _gguf_args(click.get_current_context(), None, (baseline_model,))  # type: ignore[arg-type]
     res = run_bench(([baseline_model] if baseline_model else []) + list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
-                    project=not no_project, predictor=predictor, cachegrind=cachegrind,
+                    project=None if no_project else checker_projection, predictor=predictor, cachegrind=cachegrind,
                     perplexity_tokens=perplexity_tokens,
                     ll_bytes=_size(ll_size) if ll_size else None, cachegrind_tokens=_two_ints(cachegrind_tokens),
                     progress=_bench_progress,

@@ -21,7 +21,6 @@ PACKAGES = ("aios", "contract", "convert", "runtime", "reports")
 # (importing module prefix, imported module prefix): documented exceptions
 ALLOWED = {
     ("convert.", "contract.spec"),  # the contract's published data: thresholds, R5 manifest format
-    ("runtime.bench", "contract.check"),  # bench reports the checker's projection for the file it measures
     ("contract.checks.r1_sparsity", "runtime.measure"),  # R1 of a GGUF: executed by the runtime
     ("contract.checks.r3_aliasing", "runtime.measure"),  # R3 of a GGUF: blocks decoded by the runtime's kernels
     ("contract.quality", "runtime."),  # the quality gate's perplexity of a GGUF: executed by the runtime
@@ -115,11 +114,11 @@ def test_no_architecture_name_comparisons_outside_the_table():
     assert not bad, bad
 
 
-KERNEL_FILE_LINES = 600  # runtime/kernels is split along its seams to stay readable file by file
+KERNEL_FILE_LINES = 600  # runtime/ (its kernels split along their seams) stays readable file by file
 
 
-def test_kernel_files_stay_short():
-    files = sorted((ROOT / "runtime" / "kernels").rglob("*.py"))
-    assert files, "runtime/kernels has no Python files"
+def test_runtime_files_stay_short():
+    files = sorted((ROOT / "runtime").rglob("*.py"))
+    assert len(files) > 20, "runtime/ has too few Python files: wrong folder?"
     long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) >= KERNEL_FILE_LINES}
     assert not long, long

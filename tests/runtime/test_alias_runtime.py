@@ -113,7 +113,7 @@ def test_bench_reports_distinct_weight_bytes(pair):
     from runtime.bench import bench
 
     a, d, _ = pair("tiny-falcon", "lowrank:8")
-    rows = bench([str(d), str(a)], prompt_tokens=8, n=4, project=False)["rows"]
+    rows = bench([str(d), str(a)], prompt_tokens=8, n=4, project=None)["rows"]
     plain, aliased = rows
     assert plain["distinct_weight_mb_per_token"] == pytest.approx(plain["decode_mb_per_token"]["weights"], rel=1e-3)
     assert aliased["distinct_weight_mb_per_token"] < 0.5 * plain["distinct_weight_mb_per_token"]
