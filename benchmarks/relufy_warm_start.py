@@ -10,7 +10,10 @@ which the held-out text never overlaps).
 Reported per run, from the relufy provenance: held-out perplexity before / after the swap /
 after the fine-tune (relufy's protocol, each 128-token window after the model's BOS), the exact
 zeros by the R1 checker's code on all 241 calibration prompts (what ``aios-contract check``
-measures on the output folder), and wall time. Then each output is exported in the source
+measures on the output folder), and wall time. Both fine-tunes train on Python documentation,
+so their pydoc held-out perplexity also measures adaptation to that domain (it can fall below
+the original's); the general-domain perplexity on ``aios/data/heldout.jsonl`` (the quality
+gate's text) is measured for the source and each output too. Then each output is exported in the source
 GGUF's own quant mix (``aios-convert gguf --like``) and that file is checked as a user would:
 R1 through aios-run (``aios-contract check``'s code), and whether llama.cpp loads it. Writes
 ``DIR/relufy_warm_start.json`` (``--export-only`` redoes the export step on earlier outputs).
@@ -82,6 +85,24 @@ def one_run(name: str, model: str, out: Path, cfg, heldout: Path, thresholds: Pa
           f"{row['before']['heldout_perplexity']:.3f} -> {row['after']['heldout_perplexity']:.3f} "
           f"(x{row['perplexity_ratio']:.3f}), {wall:.0f} s", flush=True)
     return row
+
+
+def general_perplexity(model_spec: str) -> float:
+    """Held-out perplexity on ``aios/data/heldout.jsonl`` (66 general-domain passages, the quality
+    gate's text; not Python documentation), 128-token windows after BOS, the model loaded by our
+    loader (its calibrated cut applied). The fine-tunes train on the pydoc train split, so their
+    pydoc held-out perplexity also measures adaptation to that domain; this one does not."""
+    from aios.data import HELDOUT_FILE
+    from aios.evaluation import file_tokens
+    from aios.models import resolve_model
+    from aios.models.from_gguf import hf_source
+    from convert import evaluation as ev
+    from convert.sparsify import bos_prefix
+
+    handle = hf_source(resolve_model(model_spec))
+    tok = handle.load_tokenizer()
+    model = handle.load_torch(dtype="float32")
+    return round(ev.heldout_perplexity(model, file_tokens(tok, HELDOUT_FILE), bos_prefix(tok)), 4)
 
 
 def export_and_check(row: dict, source: str, samples: int | None) -> dict:
@@ -161,8 +182,10 @@ def main() -> None:
     path = args.out / "relufy_warm_start.json"
     if args.export_only:
         report = json.loads(path.read_text())
+        report["source_general_perplexity"] = general_perplexity(model)
         for row in report["runs"]:
             if args.only in (None, row["run"]):
+                row["general_perplexity"] = general_perplexity(row["output"])
                 row["export"] = export_and_check(row, model, args.samples)
         path.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {path}")
@@ -173,13 +196,18 @@ def main() -> None:
                   l1=args.l1)
     runs = [r for r in ("plain", "warm") if args.only in (None, r)]
     results = [one_run(r, model, args.out, cfg, heldout, thresholds if r == "warm" else None) for r in runs]
+    general = general_perplexity(model)
+    for row in results:
+        row["general_perplexity"] = general_perplexity(row["output"])
+        print(f"[{row['run']}] general held-out perplexity {general:.3f} -> {row['general_perplexity']:.3f}")
     if not args.no_export and model.endswith(".gguf"):
         for row in results:
             row["export"] = export_and_check(row, model, args.samples)
     report = {"model": model, "config": cfg.to_dict(), "heldout_tokens": args.heldout_tokens,
               "thresholds_made": made, "cpu": platform.processor() or platform.machine(),
               "threads": os.environ.get("OMP_NUM_THREADS"),
-              "mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION"), "runs": results}
+              "mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION"),
+              "source_general_perplexity": general, "runs": results}
     if args.only and path.exists():  # one run at a time: merge with the other's
         old = json.loads(path.read_text())
         report["runs"] = [r for r in old.get("runs", []) if r["run"] != args.only] + results
