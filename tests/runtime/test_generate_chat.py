@@ -3,6 +3,7 @@ template file), the reply alone, generation ending at the end of the turn."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -81,4 +82,11 @@ def test_real_gemma_chat_prompt_tokenizes_and_decodes_as_llama_cpp(real_gemma, a
     assert tok.convert_tokens_to_ids("<end_of_turn>") in stop_ids(tok)
     arithmetic("int8")
     ours, _ = generate(Model(real_gemma, n_ctx=256), ids, 12)
-    assert ours == llamacpp.greedy(real_gemma, ids, 12, n_ctx=256, n_threads=2).value
+    theirs = llamacpp.greedy(real_gemma, ids, 12, n_ctx=256, n_threads=2).value
+    if ours != theirs:  # both round activations to 8 bits, in different orders: a near-tie may swap
+        # (measured: token 7, a margin of 0.2 % of the largest logit; which side it falls on depends on whether
+        # numba compiled the K-quant kernels in this process or loaded them from its cache)
+        k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        assert k >= 4, (k, ours, theirs)  # the answer itself agrees
+        logits = Model(real_gemma, n_ctx=256).forward(ids + ours[:k], all_logits=True)[-1]
+        assert logits[ours[k]] - logits[theirs[k]] < 1e-2 * np.abs(logits).max(), (k, ours, theirs)
