@@ -87,7 +87,7 @@ def one_run(name: str, model: str, out: Path, cfg, heldout: Path, thresholds: Pa
     return row
 
 
-def general_perplexity(model_spec: str) -> float:
+def general_perplexity(model_spec: str, cut_from: Path | None = None) -> float:
     """Held-out perplexity on ``aios/data/heldout.jsonl`` (66 general-domain passages, the quality
     gate's text; not Python documentation), 128-token windows after BOS, the model loaded by our
     loader (its calibrated cut applied). The fine-tunes train on the pydoc train split, so their
@@ -102,6 +102,13 @@ def general_perplexity(model_spec: str) -> float:
     handle = hf_source(resolve_model(model_spec))
     tok = handle.load_tokenizer()
     model = handle.load_torch(dtype="float32")
+    if cut_from is not None:  # the sparsified GGUF's cut on the source model: sparsify's quality
+        from aios.models import ffn_cut
+        from aios.models.tensors import GGUFStore
+
+        n = handle.facts.n_layers
+        ffn_cut.install(model, [handle.arch.block(i, handle.arch.ffn_down) for i in range(n)],
+                        ffn_cut.from_gguf(GGUFStore(cut_from), n, str(cut_from)))
     return round(ev.heldout_perplexity(model, file_tokens(tok, HELDOUT_FILE), bos_prefix(tok)), 4)
 
 
@@ -183,6 +190,8 @@ def main() -> None:
     if args.export_only:
         report = json.loads(path.read_text())
         report["source_general_perplexity"] = general_perplexity(model)
+        if args.thresholds is not None:
+            report["thresholds_general_perplexity"] = general_perplexity(model, args.thresholds)
         for row in report["runs"]:
             if args.only in (None, row["run"]):
                 row["general_perplexity"] = general_perplexity(row["output"])
@@ -197,6 +206,7 @@ def main() -> None:
     runs = [r for r in ("plain", "warm") if args.only in (None, r)]
     results = [one_run(r, model, args.out, cfg, heldout, thresholds if r == "warm" else None) for r in runs]
     general = general_perplexity(model)
+    sparsified = general_perplexity(model, thresholds) if thresholds is not None else None
     for row in results:
         row["general_perplexity"] = general_perplexity(row["output"])
         print(f"[{row['run']}] general held-out perplexity {general:.3f} -> {row['general_perplexity']:.3f}")
@@ -207,7 +217,8 @@ def main() -> None:
               "thresholds_made": made, "cpu": platform.processor() or platform.machine(),
               "threads": os.environ.get("OMP_NUM_THREADS"),
               "mixed_precision_env": os.environ.get("ACCELERATE_MIXED_PRECISION"),
-              "source_general_perplexity": general, "runs": results}
+              "source_general_perplexity": general,
+              "thresholds_general_perplexity": sparsified, "runs": results}
     if args.only and path.exists():  # one run at a time: merge with the other's
         old = json.loads(path.read_text())
         report["runs"] = [r for r in old.get("runs", []) if r["run"] != args.only] + results
