@@ -24,12 +24,14 @@ The child imports nothing of the runtime (only ``aios.reference.llamacpp``, whic
 of ours), so it keeps llama.cpp's defaults. Times are measured inside it: its start-up and model
 load are never part of a tokens/s figure.
 
-    python benchmarks/llamacpp_worker.py MODEL.gguf REPACK(0|1) THREADS
+    python benchmarks/llamacpp_worker.py MODEL.gguf REPACK(0|1) THREADS [BATCH]
 
 REPACK 1 loads on llama.cpp's default buffers, 0 on its plain CPU buffers. It answers one JSON
 line {"ready": true, "load_s": ...} after the load and a warm-up decode, then one request per
 stdin line: ``N`` decodes N tokens after the benchmarks' prompt and answers one JSON line
-{"decode_tok_s": ...}; ``q`` (or end of input) quits.
+{"decode_tok_s": ...}; ``q`` (or end of input) quits. With BATCH > 0 it loads for prompts of up
+to BATCH tokens (n_batch = n_ubatch = BATCH) and ``N`` evaluates the prompt of N tokens
+(``prompt_tokens``) in one call, answering {"prefill_tok_s": ...}.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class _Died(Exception):
 
 class LlamaCpp:
     """llama.cpp on one file in a child process (``threads`` 2 unless given), loaded once; each
-    call decodes n tokens there and returns {"decode_tok_s": ...}.
+    call decodes n tokens there and returns {"decode_tok_s": ...} (``batch`` > 0: each call
+    evaluates a prompt of n ≤ batch tokens in one batch, {"prefill_tok_s": ...}).
 
     ``repack=True`` (llama.cpp's default buffers): if the child dies of a signal, at start-up or
     during a request, a new child loads the file on plain buffers and the request is asked again;
@@ -90,8 +93,8 @@ class LlamaCpp:
     the start (:data:`PLAIN_ASKED`). A crash on plain buffers raises :class:`LlamaCppCrash`; a
     child that exits on its own (bad file) raises :class:`LlamaCppError` with its last line."""
 
-    def __init__(self, path, repack: bool = True, threads: int = 2) -> None:
-        self.path, self.threads = Path(path), threads
+    def __init__(self, path, repack: bool = True, threads: int = 2, batch: int = 0) -> None:
+        self.path, self.threads, self.batch = Path(path), threads, batch
         self.plain = not repack
         self.config = DEFAULT if repack else PLAIN_ASKED
         self.default_crash: str | None = None  # "SIGSEGV" once the default child died of it
@@ -105,7 +108,7 @@ class LlamaCpp:
 
     def _spawn(self) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, str(self.path), "0" if self.plain else "1",
-                                      str(self.threads)],
+                                      str(self.threads), str(self.batch)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=clean_env(), preexec_fn=no_core_dump)
 
@@ -187,16 +190,43 @@ class LlamaCpp:
             pass
 
 
+def prompt_tokens(n: int, vocab: int) -> list[int]:
+    """The prefill benchmarks' prompt: ``n`` fixed pseudo-random ids in [1, min(vocab, 20000)),
+    the same list in this child and in ours (benchmarks/prefill_vs_llamacpp.py)."""
+    import numpy as np
+
+    return [int(t) for t in np.random.default_rng(0).integers(1, min(vocab, 20000), n)]
+
+
+def prefill(llm, n: int, vocab: int) -> dict:
+    """One prompt of ``n`` tokens evaluated in one call from an empty context (logits of the last
+    token only, llama.cpp's default for a prompt): tokens/s."""
+    toks = prompt_tokens(n, vocab)
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(toks)
+    return {"prefill_tok_s": n / (time.perf_counter() - t)}
+
+
 def main() -> None:
     path, repack, threads = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+    batch = int(sys.argv[4]) if len(sys.argv) > 4 else 0  # > 0: prompts of up to this many tokens
     t = time.perf_counter()
-    llm = load(path, plain=not repack, n_ctx=256, n_threads=threads, n_batch=8, logits_all=True)
-    decode(llm, 2)
+    if batch:  # one ubatch per prompt, as llama-bench's pp test (n_batch = n_ubatch = prompt)
+        llm = load(path, plain=not repack, n_ctx=batch + 16, n_threads=threads, n_threads_batch=threads,
+                   n_batch=batch, n_ubatch=batch, logits_all=False)
+        prefill(llm, 16, llm.n_vocab())
+    else:
+        llm = load(path, plain=not repack, n_ctx=256, n_threads=threads, n_batch=8, logits_all=True)
+        decode(llm, 2)
     print(json.dumps({"ready": True, "load_s": time.perf_counter() - t}), flush=True)
     for line in sys.stdin:
         if line.strip() in ("", "q"):
             break
-        print(json.dumps(decode(llm, int(line))), flush=True)
+        if batch:
+            print(json.dumps(prefill(llm, int(line), llm.n_vocab())), flush=True)
+        else:
+            print(json.dumps(decode(llm, int(line))), flush=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from runtime.attention_gemm import attention_gemm
+from runtime.kernels.gemm import use_gemm
+
 F32 = np.float32
 
 
@@ -448,3 +451,11 @@ def theta_scale(base: float, n_dims: int) -> np.float32:
 def expf_lane(x):
     """``v_expf`` callable from Python (tests): one float32 in, its ggml_v_expf lane out."""
     return v_expf(x)
+
+
+def attention_batch(q, K, V, p0, scale, window, softcap):
+    """``attention`` for any number of queries: where ``use_gemm`` says (16+ queries), the BLAS form
+    (runtime.attention_gemm, llama.cpp's cap order; float32 sums in BLAS order, not ggml's)."""
+    if use_gemm(q.shape[0]):
+        return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
+    return attention(q, K, V, p0, scale, window, softcap)

@@ -12,6 +12,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from runtime.attention_gemm import attention_gemm
+from runtime.kernels.gemm import use_gemm
 from runtime.ggml_ops import f16_bits, fma32
 from runtime.kernels import axpy_f64_at, dot_f32_at
 
@@ -124,6 +126,14 @@ def attention(q, K, V, p0, scale, window, softcap):
                 out[t, (h0 + g) * hd + d] = o[g * hd + d] / tot[g]
     return out
 
+
+
+def attention_batch(q, K, V, p0, scale, window, softcap):
+    """``attention`` for any number of queries: where ``use_gemm`` says (16+ queries), the BLAS form
+    (runtime.attention_gemm), scores and weights in float32."""
+    if use_gemm(q.shape[0]):
+        return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0)
+    return attention(q, K, V, p0, scale, window, softcap)
 
 # --- llama.cpp's GELU (the int8 arithmetic's activation) ---------------------------------------
 # ggml computes GELU on the CPU as the tanh approximation looked up in a table with one fp16

@@ -4,8 +4,9 @@ Weights stay in their stored precision and are decoded in registers (F16/BF16 by
 conversion instructions, block types block by block straight from the file's interleaved
 ggml blocks, fp16 scales included), so the bytes a kernel reads are the bytes the byte
 counter reports, and a weight is never copied out of the mmap. Each weight row
-is read once per call whatever the number of tokens T (chunked prefill reuses it across the
-chunk).
+is read once per call whatever the number of tokens T. From GEMM_MIN_TOKENS tokens on (a prompt,
+a perplexity window) a whole matrix is instead decoded once, in chunks, and multiplied by all
+tokens in float32 GEMMs (``gemm``), in the same arithmetic to float32 rounding.
 
 Hand-written because no maintained library multiplies GGUF block formats on the CPU from
 Python without dequantizing the whole matrix first (which would triple the traffic), and
@@ -46,7 +47,8 @@ The package, one module per seam: ``threads`` (OpenMP's spin, ``set_threads``, `
 ``ir_helpers`` (the IR the intrinsics are built from; the CPU's integer dot), ``groups`` (the
 kernels' row groups), ``float_rows`` (F32, F16, BF16), ``blocks32`` and ``blocks32_int`` (the
 32-value blocks in float and in int8), ``kquants`` and ``kquants_int`` (the K-quants, likewise),
-``quantize`` (the activations' int8 blocks), ``sparse`` (the sparse down projection; block rows
+``quantize`` (the activations' int8 blocks), ``gemm`` (many tokens: rows decoded once per
+matmul, then one float32 GEMM; ``set_batched_gemm``), ``sparse`` (the sparse down projection; block rows
 decoded) and ``dispatch`` (``mm_block``, ``mm_block_arith``, the process-wide arithmetic). The
 public names are all re-exported here (``from runtime import kernels``, then ``kernels.mm_block``).
 The state lives in one module each (the thread counts in ``threads``, the arithmetic and the
@@ -145,6 +147,7 @@ from runtime.kernels.float_rows import (
     mm_float_rows,
     read_rows_u32,
 )
+from runtime.kernels.gemm import CHUNK_VALUES, GEMM_MIN_TOKENS, set_batched_gemm, use_gemm
 from runtime.kernels.groups import AHEAD
 from runtime.kernels.ir_helpers import (
     F32,
@@ -269,7 +272,7 @@ _SHARED = dispatch._SHARED
 _mm_float = mm_float_rows
 
 __all__ = [
-    "AFFINE_B32", "AHEAD", "ARITHMETICS", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
+    "AFFINE_B32", "AHEAD", "ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "set_batched_gemm", "use_gemm", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
     "B32_OFFSET", "B32_QS", "B32_SIGNED", "BF16_ROWS", "BLOCKWISE", "BLOCK_TYPES", "F16_ROWS",
     "F32", "F32_ROWS", "FAST", "FLOAT_ROWS", "HALF", "I8", "I16", "I32", "INT8_ALL",
     "INT8_DEFAULT", "INT8_TYPES", "INT_DOT_NAMES", "IQ4XS_QS", "IQ4XS_SL", "KQ_BYTES",

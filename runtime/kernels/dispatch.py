@@ -9,6 +9,7 @@ import numpy as np
 
 from runtime.kernels.blocks32 import B32, B32_KIND, mm_b32
 from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8
+from runtime.kernels.gemm import dequantize_activations, gemm_rows, use_gemm
 from runtime.kernels.float_rows import (
     LUT_F16,
     ONE_ROW_X_BYTES,
@@ -21,6 +22,7 @@ from runtime.kernels.ir_helpers import int_dot_features
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
+from runtime.kernels.sparse import decode_block_rows
 
 # --- the process-wide arithmetic of the block kernels ----------------------------------------
 ARITHMETICS = ("int8", "float")  # --arithmetic choices; the first is the default
@@ -92,10 +94,37 @@ def mm_block_int8(fmt, W, X, rows, Y):
         mm_b32_int8(W, *_quantized(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
 
 
+def _dequantized(X, fmt):
+    """The int8 activation blocks ``fmt``'s int8 kernel would multiply, as float32 values
+    (shared like the blocks themselves while ``share_input(X)`` holds X)."""
+    how = "k" if fmt in KQ_INT_KIND else fmt in AFFINE_B32
+    key = ("values", how)
+    shared = X is _SHARED["x"]
+    if shared and key in _SHARED["q"]:
+        return _SHARED["q"][key]
+    xq, xd, _ = _quantized(X, how)
+    out = dequantize_activations(xq, xd, xq.shape[1] // xd.shape[1])
+    if shared:
+        _SHARED["q"][key] = out
+    return out
+
+
+def mm_block_gemm(fmt, W, X, Y, int8: bool):
+    """Y = X @ Wᵀ over every row of W (the file's blocks of type ``fmt``) for many tokens: the
+    rows decoded once, in chunks, times all of X in float32 GEMMs (runtime.kernels.gemm). With
+    ``int8``, X first goes through the int8 kernel's activation blocks (the same rounding)."""
+    Xf = _dequantized(X, fmt) if int8 else X
+    gemm_rows(W, Xf, Y, lambda Wc, out: decode_block_rows(fmt, Wc, out))
+
+
 def mm_block_arith(fmt, W, X, rows, Y):
     """``mm_block`` in the process's arithmetic: int8 for INT8_ALL under "int8", else float.
-    What the runtime's weights call (runtime.weights.KERNELS)."""
-    if _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT:
+    What the runtime's weights call (runtime.weights.KERNELS). From GEMM_MIN_TOKENS tokens on, a
+    whole-matrix product decodes the weights once (``gemm.use_gemm``) (``mm_block_gemm``) in the same arithmetic."""
+    int8 = _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT
+    if rows is None and use_gemm(X.shape[0]):
+        mm_block_gemm(fmt, W, X, Y, int8)
+    elif int8:
         mm_block_int8(fmt, W, X, rows, Y)
     else:
         mm_block(fmt, W, X, rows, Y)

@@ -5,7 +5,7 @@ fp16 d; ``quantize_activations``) for the 32-value block types, Q8_K (256 values
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from aios.quant import QK_K
@@ -87,7 +87,7 @@ def quantize_activations(X, affine: bool = False):
     return quantize_q8_blocks(X, affine)
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def quantize_q8_k(X, xq, xd, xb):
     """Each row of X (T, k) as ggml's block_q8_K (quantize_row_q8_K reference): per block of
     QK_K, ``max`` the value of largest magnitude (the first one on ties), iscale = −127/max,
@@ -97,7 +97,7 @@ def quantize_q8_k(X, xq, xd, xb):
     can repeat it bit for bit."""
     T, k = X.shape
     nb = k // QK_K
-    for t in range(T):
+    for t in prange(T):  # one token per thread step (a prompt's tokens; decode's one runs alone)
         for b in range(nb):
             o = b * QK_K
             amax = np.float32(0.0)

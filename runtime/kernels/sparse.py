@@ -11,7 +11,7 @@ from numba.extending import intrinsic
 
 from aios.quant import block_size, type_size
 from runtime.kernels.blocks32 import B32, B32_AFFINE, b32_values, lookup16, nibbles
-from runtime.kernels.dispatch import BLOCK_TYPES
+from runtime.kernels.kquants import KQ_TYPES
 from runtime.kernels.float_rows import (
     BF16_ROWS,
     F16_ROWS,
@@ -167,7 +167,7 @@ def _sparse_lut_cols(Wt, lut, a, active, y):
 # The axpy stays float arithmetic (the scalar a[j] times the dequantized row, as PowerInfer does):
 # a sum of rows has no dot product for int8 activations to shorten. The gathered *up/gate* rows of
 # the sparse modes are dot products, and run the int8 dense kernels (mm_block_arith with ``rows``).
-SPARSE_B = BLOCK_TYPES  # the order of the ``kind`` branches and of the names below
+SPARSE_B = B32 + KQ_TYPES  # = dispatch.BLOCK_TYPES; the order of the ``kind`` branches and of the names below
 assert SPARSE_B == ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
 SPARSE_B_KIND = {fmt: i for i, fmt in enumerate(SPARSE_B)}  # the run-time ``kind`` of _sparse_block_rows
 SPARSE_B_VALUES = np.array([block_size(t) for t in SPARSE_B], np.int64)  # values per (super-)block

@@ -61,7 +61,18 @@ def set_threads(n: int | None = None) -> int:
                          "NUMBA_NUM_THREADS sets its size).")
     numba.set_num_threads(n)
     _THREADS["want"] = _THREADS["now"] = n
+    _blas_threads(n)
     return n
+
+
+def _blas_threads(n: int) -> None:
+    """The BLAS behind numpy (the many-token GEMMs, runtime.kernels.gemm) on ``n`` threads too,
+    through threadpoolctl (a dependency of scikit-learn, ours); the limit holds until the next call."""
+    from threadpoolctl import ThreadpoolController
+
+    if _THREADS.get("blas") is None:
+        _THREADS["blas"] = ThreadpoolController()
+    _THREADS["blas"].limit(limits=n, user_api="blas")
 
 
 def threads_for(nbytes: int) -> None:

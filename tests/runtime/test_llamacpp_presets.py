@@ -32,7 +32,12 @@ presets people deploy. Per file:
     (docs/benchmarks.md): no exception 0.9941-1.0000, near-ties counted 0.9995-1.0000 (before
     ggml_ops: 0.9893-0.9990; the exact float path: 0.983-0.994).
     On a CPU without AVX-512, llama.cpp's own build sums in AVX2's 8-lane order, which ggml_ops
-    does not mirror, and the test asks for the floor it held before: 0.97 raw, 0.99 with ties;
+    does not mirror, and the test asks for the floor it held before: 0.97 raw, 0.99 with ties.
+    Those figures are the one-token kernels run over each window (``top1_tokenwise``;
+    ``kernels.set_batched_gemm(False)``). The default many-token form multiplies in float32
+    GEMMs (runtime.kernels.gemm, runtime.attention_gemm), the same arithmetic rounded in another
+    order: measured 0.9893-0.9995 raw, 0.9976-1.0000 with near-ties (2026-11-27, Xeon AVX-512
+    + AMX), asked ≥ 0.98 and ≥ 0.995;
   - held-out perplexity of the int8 path within 0.5 % of the float path's on the same file
     (measured |Δ| ≤ 0.17 % at 2048 tokens);
   ``pytest -s`` prints the per-file table, ``AIOS_PRESET_TOKENS=N`` measures N tokens;
@@ -168,6 +173,11 @@ def _float_err(path, ids, ours=None) -> float:
 def _measure(path, ids) -> dict:
     lf, ppl_f = _ours(path, ids, "float")
     l8, ppl_8 = _ours(path, ids, "int8")
+    kernels.set_batched_gemm(False)  # the one-token kernels over each window: llama.cpp's rounding
+    try:
+        l8_tokens = _ours(path, ids, "int8")[0]
+    finally:
+        kernels.set_batched_gemm(True)
     row = {"err": _float_err(path, ids[:WINDOW], lf[:WINDOW]), "ppl_float": ppl_f, "ppl_int8": ppl_8,
            "ppl_rel": (ppl_8 - ppl_f) / ppl_f}
     try:
@@ -183,6 +193,10 @@ def _measure(path, ids) -> dict:
     # a near-tie: llama.cpp's own logit for our pick within TIE · its largest |logit| of its top-1
     tie = lc[np.arange(len(lc)), pick] >= best - TIE * scale
     margin = best - np.sort(lc, 1)[:, -2]
+    exact = l8_tokens.argmax(1)
+    tie_exact = lc[np.arange(len(lc)), exact] >= best - TIE * scale
+    row |= {"top1_tokenwise": float((exact == lc.argmax(1)).mean()),
+            "top1_ties_tokenwise": float(((exact == lc.argmax(1)) | tie_exact).mean())}
     return row | {"positions": len(lc), "top1": float(same.mean()), "top1_ties": float((same | tie).mean()),
                   "top1_float": float((lf.argmax(1) == lc.argmax(1)).mean()),
                   "near_ties": int((margin < TIE * scale).sum()),  # llama.cpp's top-2 within TIE
@@ -204,10 +218,11 @@ def accuracy(files):
             rows[model, preset] = by_digest[digest]
     print(f"\nint8 path vs llama.cpp, {HELDOUT_TOKENS} held-out tokens per file "
           f"(±ties: a llama.cpp near-tie within {TIE:.1%} of its largest |logit| counts as agreeing)")
-    print(f"{'file':20s} {'float err':>9s} {'top-1':>6s} {'±ties':>6s} {'float':>6s} {'ties':>4s} "
+    print(f"{'file':20s} {'float err':>9s} {'top-1':>6s} {'±ties':>6s} {'tokenw':>6s} {'float':>6s} {'ties':>4s} "
           f"{'ppl float':>9s} {'ppl int8':>9s} {'Δppl':>7s}  llama.cpp")
     for (model, preset), r in rows.items():
         print(f"{model + ' ' + preset:20s} {r['err']:9.1e} {r['top1']:6.4f} {r['top1_ties']:6.4f} "
+              f"{r.get('top1_tokenwise', np.nan):6.4f} "
               f"{r['top1_float']:6.4f} {r['near_ties']:4d} {r['ppl_float']:9.4f} {r['ppl_int8']:9.4f} "
               f"{r['ppl_rel']:+7.3%}  {r['llama_cpp']}")
     return rows
@@ -227,12 +242,17 @@ def test_int8_top1_agrees_with_llama_cpp(accuracy, key):
     if "llama_cpp_error" in r:
         pytest.fail(r["llama_cpp_error"], pytrace=False)
     assert r["positions"] == HELDOUT_TOKENS
-    if ggml_ops.avx512_order():  # our rounding order is this llama.cpp build's
-        assert r["top1"] >= 0.99, (key, r)
-        assert r["top1_ties"] >= 0.995, (key, r)
+    if ggml_ops.avx512_order():  # the one-token kernels' rounding order is this llama.cpp build's
+        assert r["top1_tokenwise"] >= 0.99, (key, r)
+        assert r["top1_ties_tokenwise"] >= 0.995, (key, r)
     else:  # an AVX2 build sums in 8 lanes: ours parts from it by float32 rounding (0.989-0.999)
-        assert r["top1"] >= 0.97, (key, r)
-        assert r["top1_ties"] >= 0.99, (key, r)
+        assert r["top1_tokenwise"] >= 0.97, (key, r)
+        assert r["top1_ties_tokenwise"] >= 0.99, (key, r)
+    # the default many-token form (float32 GEMMs, runtime.kernels.gemm) rounds otherwise, and a
+    # one-ulp difference flips an activation quant now and then: 0.989-0.998 measured
+    # (2026-11-27, Xeon AVX-512 + AMX), every miss but 1-3 per file a llama.cpp near-tie
+    assert r["top1"] >= 0.98, (key, r)
+    assert r["top1_ties"] >= 0.995, (key, r)
 
 
 @pytest.mark.parametrize("key", FIXTURE_KEYS, ids="-".join)

@@ -1,0 +1,188 @@
+"""Benchmark: prompt processing (prefill), aios-run vs llama.cpp on the same file, one run.
+
+A prompt of ``--tokens`` tokens (fixed pseudo-random ids, ``llamacpp_worker.prompt_tokens``) is
+evaluated in one call from an empty context by each side, logits of the last token only, both
+with ``--threads`` threads; the two sides alternate for ``--rounds`` rounds and the figure is the
+median of the per-round ratios (ours / llama.cpp tokens/s) with its 95 % bootstrap interval.
+
+Files (``--files``, comma-separated):
+
+* ``gemma``: the real Gemma 3 270M Q4_K_M (aios.models.real; fetched once into the cache);
+* ``llama-3.1-8b:Q4_K_M``, ``llama-3.1-8b:Q8_0`` (any llama.cpp preset, and ``falcon-7b:...``):
+  a random-init checkpoint at those dimensions with ``--layers`` blocks, exported to f16 by
+  ``aios-convert gguf`` and quantized by llama.cpp's own ``llama_model_quantize``;
+* a path to any GGUF.
+
+Ours runs ``Model.forward`` (aios-run's prompt step) in the process's arithmetic (int8 unless
+``--arithmetic float``), from 16 tokens on as GEMMs over weights decoded once per matmul
+(runtime.kernels.gemm, runtime.attention_gemm). ``--per-token`` also times the one-token kernels
+run over the whole prompt (``AIOS_BATCHED_GEMM=0``'s path) so the gain is measured in the same run.
+``--crossover`` times ours at 4, 8, 16, 32 and 64 tokens with and without the GEMM form
+(what GEMM_MIN_TOKENS rests on).
+
+llama.cpp (llama-cpp-python) runs in its own process (benchmarks/llamacpp_worker.py) with
+n_batch = n_ubatch = the prompt, on its default buffers; where they crash (AMX Xeons) on its plain
+CPU buffers, and every result names which (``llama_cpp_config``). Name the CPU beside any figure.
+
+    python benchmarks/prefill_vs_llamacpp.py [--files gemma,llama-3.1-8b:Q4_K_M,llama-3.1-8b:Q8_0]
+        [--tokens 512] [--rounds 5] [--threads 2] [--layers 4] [--per-token] [--crossover]
+        [--keep DIR] [-o results.json]
+
+Prints one JSON line per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from llamacpp_worker import LlamaCpp, prompt_tokens  # noqa: E402
+from runtime_vs_llamacpp import interval  # noqa: E402
+
+
+class OursPrefill:
+    """aios-run's prompt step on one file, loaded once: each call evaluates the n-token prompt
+    from an empty context and returns {"prefill_tok_s": ...}."""
+
+    def __init__(self, path: Path, n_max: int) -> None:
+        from runtime.model import Model
+
+        self.m = Model(path, mode="dense", n_ctx=n_max + 16)
+        self.vocab = self.m.tok_embd.n_out
+        self(16)  # warm-up: pages touched, kernels loaded from numba's cache
+
+    def __call__(self, n: int, gemm: bool = True) -> dict:
+        from runtime import kernels
+
+        toks = prompt_tokens(n, self.vocab)
+        kernels.set_batched_gemm(gemm)
+        try:
+            self.m.reset()
+            t = time.perf_counter()
+            self.m.forward(toks)
+            return {"prefill_tok_s": n / (time.perf_counter() - t)}
+        finally:
+            kernels.set_batched_gemm(True)
+
+
+def alternated(ours, theirs, n: int, rounds: int) -> dict:
+    """ours and theirs alternated (a,b then b,a ...): best tokens/s of each, per-round ratios,
+    their median and its 95 % bootstrap interval."""
+    a, b, ratios = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            x, y = ours(n), theirs(n)
+        else:
+            y, x = theirs(n), ours(n)
+        a.append(x["prefill_tok_s"])
+        b.append(y["prefill_tok_s"])
+        ratios.append(x["prefill_tok_s"] / y["prefill_tok_s"])
+    return {"ours_tok_s": round(max(a), 1), "llamacpp_tok_s": round(max(b), 1),
+            "ratios": [round(v, 3) for v in ratios], "ratio": round(statistics.median(ratios), 3),
+            "ratio_ci95": interval(ratios)}
+
+
+def resolve(spec: str, work: Path, layers: int) -> Path:
+    """A --files entry as a GGUF path (built and quantized by llama.cpp when needed)."""
+    if spec == "gemma":
+        from aios.models import real
+
+        return real.fetch()
+    if ":" in spec and not Path(spec).exists():
+        from convert.gguf import GGUFExportConfig, export_gguf
+        from q4_k_m_families import build, quantize
+
+        arch, preset = spec.split(":", 1)
+        f16 = work / f"{arch}.F16.gguf"
+        if not f16.exists():
+            src = work / f"{arch}-random-init"
+            build(src, arch, layers)
+            export_gguf(str(src), f16, GGUFExportConfig("f16"))
+            shutil.rmtree(src)
+        if preset.upper() == "F16":
+            return f16
+        path = work / f"{arch}.{preset}.gguf"
+        if not path.exists():
+            quantize(f16, path, preset)
+        return path
+    path = Path(spec)
+    if not path.is_file():
+        raise SystemExit(f"No GGUF at {path}.")
+    return path
+
+
+def one_file(spec: str, path: Path, args) -> dict:
+    from runtime import kernels
+
+    ours = OursPrefill(path, args.tokens)
+    row: dict = {"file": spec, "bytes": path.stat().st_size, "tokens": args.tokens, "threads": args.threads,
+                 "arithmetic": kernels.arithmetic_label(), "rounds": args.rounds}
+    if args.crossover:
+        cross = {}
+        for n in (4, 8, 16, 32, 64):
+            per, gemm = [], []
+            for _ in range(3):
+                per.append(ours(n, gemm=False)["prefill_tok_s"])
+                gemm.append(ours(n, gemm=True)["prefill_tok_s"])
+            cross[str(n)] = {"per_token_tok_s": round(max(per), 1), "gemm_tok_s": round(max(gemm), 1)}
+        row["crossover"] = cross
+    if args.per_token:
+        per = [ours(args.tokens, gemm=False)["prefill_tok_s"] for _ in range(2)]
+        row["ours_per_token_kernels_tok_s"] = round(max(per), 1)
+    theirs = LlamaCpp(path, threads=args.threads, batch=args.tokens)
+    try:
+        row.update(alternated(ours, theirs, args.tokens, args.rounds))
+        row["llama_cpp_config"] = theirs.config
+    finally:
+        theirs.close()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", default="gemma,llama-3.1-8b:Q4_K_M,llama-3.1-8b:Q8_0")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2, help="Threads for both sides.")
+    ap.add_argument("--layers", type=int, default=4, help="Blocks of the random-init real-dimension models.")
+    ap.add_argument("--arithmetic", choices=("int8", "float"), default="int8")
+    ap.add_argument("--per-token", action="store_true", help="Also time the one-token kernels over the prompt.")
+    ap.add_argument("--crossover", action="store_true", help="Time 4-64 tokens with and without the GEMM form.")
+    ap.add_argument("--keep", type=Path, default=None, help="Keep the built files in this folder (and reuse them).")
+    ap.add_argument("-o", "--output", type=Path, default=None)
+    args = ap.parse_args()
+    from runtime import kernels
+
+    kernels.set_arithmetic(args.arithmetic)
+    kernels.set_threads(args.threads)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="aios-prefill-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for spec in [s for s in args.files.split(",") if s]:
+            try:
+                row = one_file(spec, resolve(spec, work, args.layers), args)
+            except Exception as e:  # one file's failure is a finding: report it and go on
+                row = {"file": spec, "error": f"{type(e).__name__}: {e}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.output:
+        args.output.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Causal attention of many queries at once (a prompt, a perplexity window) through BLAS.
+
+``ops.attention`` and ``ggml_ops.attention`` take one (query, head) per work item and walk its
+keys one by one: right for decode, where a step has one query and the keys stream from the
+cache once. With T queries they read every key T times and never reuse a loaded row across
+queries; on the real Gemma 3 270M a 512-token prompt spent 0.6 s of 1.7 in them (2-core Xeon,
+2026-11-27). Here, per KV head and chunk of queries, the scores are one float32 GEMM
+(Q·Kᵀ over all the keys the chunk sees), the masked softmax one compiled pass over them, and
+the output one more GEMM (P·V). Both GEMMs run on numpy's BLAS.
+
+The arithmetic is float32 throughout, the softmax's sum in float64: the float path's
+``ops.attention`` sums q·k in float32 too and p·V in float64; ``ggml_ops.attention`` reproduces
+llama.cpp's one-query kernel bit for bit, which a GEMM cannot (llama.cpp's own batched path
+sums in other orders as well). ``ops.attention_batch`` / ``ggml_ops.attention_batch`` take
+this form where runtime.kernels.gemm.use_gemm says (from 16 queries, unless switched off).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+QUERY_CHUNK = 256  # queries per GEMM: the scores (chunk · heads per KV head × keys) stay bounded
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first):
+    """In place: row r of S (query t0 + r // group at position p0 + t0 + r // group; column c is
+    key j0 + c) becomes its softmax over the keys that query may see (causal, within ``window``
+    when > 0), 0 elsewhere. Scores are ×scale then capped as softcap·tanh(s/softcap) (the float
+    path), or capped first and then ×scale (``cap_first``: llama.cpp's order). fastmath, so the
+    exp and the sums vectorize (float32 sums: 2× faster than float64 here, 10⁻⁷ relative)."""
+    R, n = S.shape
+    for r in prange(R):
+        p = p0 + t0 + r // group
+        a = max(j0, p + 1 - window) - j0 if window > 0 else 0
+        b = p + 1 - j0  # the visible columns a .. b-1
+        if softcap > 0:
+            for c in range(a, b):
+                if cap_first:
+                    S[r, c] = np.float32(math.tanh(S[r, c] / softcap)) * softcap * scale
+                else:
+                    S[r, c] = np.float32(softcap * math.tanh(S[r, c] * scale / softcap))
+        else:
+            for c in range(a, b):
+                S[r, c] = S[r, c] * scale
+        top = np.float32(-np.inf)
+        for c in range(a, b):
+            top = max(top, S[r, c])
+        tot = np.float32(0.0)
+        for c in range(a, b):
+            e = np.exp(S[r, c] - top)
+            S[r, c] = e
+            tot += e
+        inv = np.float32(1.0) / tot
+        for c in range(a):
+            S[r, c] = 0.0
+        for c in range(a, b):
+            S[r, c] = S[r, c] * inv
+        for c in range(b, n):
+            S[r, c] = 0.0
+
+
+def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: bool = False) -> np.ndarray:
+    """Causal attention of q (T, Hq, hd) at positions p0 .. p0+T−1 over the keys 0 .. p0+T−1 of
+    K, V (Hkv, n, hd) (the models' cache layout; GQA by head groups): (T, Hq·hd) float32, the
+    contract of ``ops.attention`` (``cap_first``: ``ggml_ops.attention``'s cap order)."""
+    T, Hq, hd = q.shape
+    Hkv = K.shape[0]
+    group = Hq // Hkv
+    out = np.empty((T, Hq, hd), np.float32)
+    for t0 in range(0, T, QUERY_CHUNK):
+        t1 = min(T, t0 + QUERY_CHUNK)
+        first = p0 + t0  # the first query's position: no key before its window is seen
+        j0 = max(0, first + 1 - window) if window > 0 else 0
+        m = p0 + t1  # keys j0 .. m-1
+        for kv in range(Hkv):
+            Q = np.ascontiguousarray(q[t0:t1, kv * group:(kv + 1) * group]).reshape((t1 - t0) * group, hd)
+            S = Q @ K[kv, j0:m].T
+            _softmax_rows(S, p0, t0, j0, group, np.float32(scale), window, np.float32(softcap or 0.0), cap_first)
+            out[t0:t1, kv * group:(kv + 1) * group] = (S @ V[kv, j0:m]).reshape(t1 - t0, group, hd)
+    return out.reshape(T, Hq * hd)

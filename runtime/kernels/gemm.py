@@ -1,0 +1,90 @@
+"""Many tokens at once (a prompt, a perplexity window, a calibration text): each weight block
+decoded once per matmul, not once per token.
+
+The per-token kernels (``mm_b32_int8``, ``mm_kq_int8``, ``mm_b32``, ``mm_kq``) are built for
+decode, where the weights stream from DRAM once per token and decoding them is free beside the
+read. With T tokens they decode every block T times: on the real Gemma 3 270M Q4_K_M a 512-token
+prompt spent 2.2 of 3.1 s in them (2-core Xeon, AMX, 2026-11-27). Here the stored rows are
+decoded in chunks of at most ``CHUNK_VALUES`` values (into a buffer that stays in L2/L3) and the
+chunk is multiplied by all T tokens in one float32 GEMM (numpy's BLAS), so the decode is paid
+once per matmul and the products run at the BLAS's matrix-matrix rate.
+
+The arithmetic is the caller's, to float32 rounding:
+
+* "float": X times the decoded weights, what ``mm_block`` computes (in another summation order);
+* "int8": X quantized to the activation blocks the int8 kernels use (Q8_0 / Q8_1 / Q8_K, the same
+  ``quantize_activations*`` calls) and decoded back, d_x·q_x, times the decoded weights d_w·q_w:
+  Σ_b d_w·d_x·Σ q_w·q_x written as one sum of products, so the 8-bit rounding of the activations
+  (the int8 arithmetic's error against float) is kept exactly. What differs is float32 rounding
+  of the sum, and, for the affine types (Q4_1, Q5_1), the minimum's term: m_w·d_x·Σq_x here, where
+  ggml multiplies m_w by the fp16 rounding of that block sum (Q8_1's s).
+
+Why not integer tiles (VNNI, AMX): an int8 GEMM cannot apply a scale per 32-value block of the
+inner dimension, so it splits into k/32 GEMMs of depth 32 whose outputs are each scaled and
+summed: the tiles would have to be written by hand (as llama.cpp's tinyBLAS / AMX kernels are),
+and the float32 BLAS already runs at llama.cpp's batched rate here (measured by
+benchmarks/prefill_vs_llamacpp.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import njit, prange
+
+# T at and above which a whole-matrix product goes through the GEMM (rows None), and attention
+# through runtime.attention_gemm. At 8 tokens the per-token int8 kernels still win (their
+# decode is a small part of T dot products); at 16 the GEMM does
+# (benchmarks/prefill_vs_llamacpp.py --crossover).
+GEMM_MIN_TOKENS = 16
+_GEMM = {"min_tokens": GEMM_MIN_TOKENS if os.environ.get("AIOS_BATCHED_GEMM", "1") != "0" else None}
+
+
+def set_batched_gemm(on: bool) -> None:
+    """Run many-token matmuls and attention as GEMMs (the default; ``AIOS_BATCHED_GEMM=0`` in the
+    environment starts a process with them off) or token by token in the one-token kernels, whose
+    int8 path rounds as llama.cpp's CPU kernels do, bit for bit (the tests that compare llama.cpp's
+    intermediate tensors with ours switch it off)."""
+    _GEMM["min_tokens"] = GEMM_MIN_TOKENS if on else None
+
+
+def use_gemm(tokens: int) -> bool:
+    """Whether ``tokens`` queries (or rows of X) take the GEMM form."""
+    m = _GEMM["min_tokens"]
+    return m is not None and tokens >= m
+# values decoded per chunk: 16 MB of float32, small beside the output head's 168 M values (the
+# real Gemma's 262,144 × 640) and whole for any layer matrix up to 4096 × 4096
+CHUNK_VALUES = 1 << 22
+
+
+@njit(parallel=True, cache=True)
+def dequantize_activations(xq, xd, block):
+    """X̂ (T, k) float32 with X̂[t, i] = xd[t, i // block]·xq[t, i]: the int8 activation blocks
+    (Q8_0/Q8_1: block 32, fp16-rounded d; Q8_K: block 256, float d) as the values they stand for."""
+    T, k = xq.shape
+    out = np.empty((T, k), np.float32)
+    nb = k // block
+    for t in prange(T):
+        for b in range(nb):
+            d = xd[t, b]
+            o = b * block
+            for i in range(block):
+                out[t, o + i] = d * np.float32(xq[t, o + i])
+    return out
+
+
+def gemm_rows(W: np.ndarray, X: np.ndarray, Y: np.ndarray, decode) -> None:
+    """Y (T, n) = X (T, k) @ Ŵᵀ, Ŵ the rows of W decoded by ``decode(W[r0:r1], out)`` (float32
+    (r1 − r0, k)) in chunks of at most CHUNK_VALUES values, each chunk times all of X in one GEMM."""
+    n, k = Y.shape[1], X.shape[1]
+    step = max(1, min(n, CHUNK_VALUES // k))
+    buf = np.empty((step, k), np.float32)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        chunk = buf[: r1 - r0]
+        decode(W[r0:r1], chunk)
+        if r1 - r0 == n:
+            np.matmul(X, chunk.T, out=Y)
+        else:
+            Y[:, r0:r1] = X @ chunk.T

@@ -1,0 +1,55 @@
+"""Many-query attention through BLAS (runtime.attention_gemm) against the one-query kernels."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from runtime import attention_gemm, ggml_ops, kernels, ops
+from tests.runtime.test_ops import head_major
+
+RNG = np.random.default_rng(3)
+
+
+def _inputs(T, p0, Hq, Hkv, hd):
+    n = p0 + T
+    q = RNG.standard_normal((T, Hq, hd)).astype(np.float32)
+    K = head_major(RNG.standard_normal((n + 5, Hkv, hd)).astype(np.float32))  # a cache longer than used
+    V = head_major(RNG.standard_normal((n + 5, Hkv, hd)).astype(np.float32))
+    return q, K, V
+
+
+@pytest.mark.parametrize("window", [0, 7])
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("p0", [0, 13])
+def test_gemm_attention_equals_the_float_path(window, softcap, p0):
+    q, K, V = _inputs(40, p0, 6, 2, 48)  # GQA: 3 query heads per KV head
+    scale = 1 / math.sqrt(48)
+    got = attention_gemm.attention_gemm(q, K, V, p0, scale, window, softcap)
+    ref = ops.attention(q, K, V, p0, scale, window, softcap)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_gemm_attention_caps_in_llama_cpp_order(softcap):
+    q, K, V = _inputs(20, 3, 4, 1, 32)
+    got = attention_gemm.attention_gemm(q, K, V, 3, 0.2, 0, softcap, cap_first=True)
+    ref = ggml_ops.attention(q, K, V, 3, np.float32(0.2), 0, np.float32(softcap))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5)
+
+
+def test_query_chunks_equal_one_chunk(monkeypatch):
+    q, K, V = _inputs(50, 4, 4, 2, 16)
+    whole = attention_gemm.attention_gemm(q, K, V, 4, 0.25, 9, 0.0)
+    monkeypatch.setattr(attention_gemm, "QUERY_CHUNK", 16)  # 16 + 16 + 16 + 2 queries
+    np.testing.assert_allclose(attention_gemm.attention_gemm(q, K, V, 4, 0.25, 9, 0.0), whole, rtol=0, atol=1e-6)
+
+
+def test_batch_entry_points_pick_by_query_count():
+    q, K, V = _inputs(kernels.GEMM_MIN_TOKENS - 1, 0, 2, 1, 16)
+    # below the threshold: the one-query kernels themselves, bit for bit
+    assert ops.attention_batch(q, K, V, 0, 0.25, 0, 0.0).tobytes() == ops.attention(q, K, V, 0, 0.25, 0, 0.0).tobytes()
+    assert (ggml_ops.attention_batch(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes()
+            == ggml_ops.attention(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes())
