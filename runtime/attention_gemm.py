@@ -12,7 +12,7 @@ The arithmetic is float32 throughout, the softmax's sum in float64: the float pa
 ``ops.attention`` sums q·k in float32 too and p·V in float64; ``ggml_ops.attention`` reproduces
 llama.cpp's one-query kernel bit for bit, which a GEMM cannot (llama.cpp's own batched path
 sums in other orders as well). ``ops.attention_batch`` / ``ggml_ops.attention_batch`` take
-this form where runtime.kernels.gemm.use_gemm says (from 16 queries, unless switched off).
+this form where runtime.kernels.gemm.use_gemm says (from GEMM_MIN_TOKENS queries, unless switched off).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from runtime.ggml_ops import exp_shift16, v_expf
+
 QUERY_CHUNK = 256  # queries per GEMM: the scores (chunk · heads per KV head × keys) stay bounded
 
 
@@ -30,8 +32,9 @@ def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first):
     """In place: row r of S (query t0 + r // group at position p0 + t0 + r // group; column c is
     key j0 + c) becomes its softmax over the keys that query may see (causal, within ``window``
     when > 0), 0 elsewhere. Scores are ×scale then capped as softcap·tanh(s/softcap) (the float
-    path), or capped first and then ×scale (``cap_first``: llama.cpp's order). fastmath, so the
-    exp and the sums vectorize (float32 sums: 2× faster than float64 here, 10⁻⁷ relative)."""
+    path), or capped first and then ×scale (``cap_first``: llama.cpp's order). The exponentials
+    are ggml's vectorized expf (``ggml_ops.exp_shift16``); fastmath lets the sums vectorize
+    (float32 sums: 2× faster than float64 here, 10⁻⁷ relative)."""
     R, n = S.shape
     for r in prange(R):
         p = p0 + t0 + r // group
@@ -49,11 +52,13 @@ def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first):
         top = np.float32(-np.inf)
         for c in range(a, b):
             top = max(top, S[r, c])
+        m = a + (b - a) // 16 * 16
+        exp_shift16(S[r, a:b], top)  # 16 lanes at a time, then the tail one by one
+        for c in range(m, b):
+            S[r, c] = v_expf(S[r, c] - top)
         tot = np.float32(0.0)
         for c in range(a, b):
-            e = np.exp(S[r, c] - top)
-            S[r, c] = e
-            tot += e
+            tot += S[r, c]
         inv = np.float32(1.0) / tot
         for c in range(a):
             S[r, c] = 0.0

@@ -39,7 +39,6 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from runtime.attention_gemm import attention_gemm
 from runtime.kernels.gemm import use_gemm
 
 F32 = np.float32
@@ -391,6 +390,34 @@ def _swiglu16(typingctx, x, g, out):
     return sig, codegen
 
 
+@intrinsic
+def exp_shift16(typingctx, row, top):
+    """row[:m] = ggml_v_expf(row[:m] − top) in place, m = len(row) // 16 · 16, 16 lanes at a time
+    (``_v_expf16``): the many-query softmax's exponentials (runtime.attention_gemm), which as
+    numba's scalar expf calls took 8 ns each. ``row`` must be contiguous."""
+    sig = types.void(row, top)
+
+    def codegen(context, builder, signature, args):
+        from runtime.kernels import array_data, ir_loop
+        from runtime.kernels.ir_helpers import splat
+
+        v16 = ir.VectorType(ir.FloatType(), 16)
+        p = array_data(context, builder, signature.args[0], args[0])
+        n = builder.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 0)
+        ity = n.type
+        tv = splat(builder, args[1], 16)
+
+        def body(i, carry):
+            ptr = builder.bitcast(builder.gep(p, [builder.mul(i, ir.Constant(ity, 16))]), v16.as_pointer())
+            builder.store(_v_expf16(builder, builder.fsub(builder.load(ptr, align=4), tv)), ptr, align=4)
+            return carry
+
+        ir_loop(builder, builder.sdiv(n, ir.Constant(ity, 16)), ir.Constant(ir.IntType(8), 0), body)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(cache=True)
 def _silu_mul(x, g):  # x, g (T, n) f32
     T, n = x.shape
@@ -454,8 +481,10 @@ def expf_lane(x):
 
 
 def attention_batch(q, K, V, p0, scale, window, softcap):
-    """``attention`` for any number of queries: where ``use_gemm`` says (16+ queries), the BLAS form
+    """``attention`` for any number of queries: where ``use_gemm`` says (GEMM_MIN_TOKENS+ queries), the BLAS form
     (runtime.attention_gemm, llama.cpp's cap order; float32 sums in BLAS order, not ggml's)."""
     if use_gemm(q.shape[0]):
+        from runtime.attention_gemm import attention_gemm  # (it imports this module's exp)
+
         return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
     return attention(q, K, V, p0, scale, window, softcap)

@@ -129,7 +129,7 @@ def attention(q, K, V, p0, scale, window, softcap):
 
 
 def attention_batch(q, K, V, p0, scale, window, softcap):
-    """``attention`` for any number of queries: where ``use_gemm`` says (16+ queries), the BLAS form
+    """``attention`` for any number of queries: where ``use_gemm`` says (GEMM_MIN_TOKENS+ queries), the BLAS form
     (runtime.attention_gemm), scores and weights in float32."""
     if use_gemm(q.shape[0]):
         return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0)
@@ -175,9 +175,24 @@ def gelu_table() -> np.ndarray:
 
 
 def gelu_ggml(x: np.ndarray) -> np.ndarray:
-    """GELU as llama.cpp's CPU backend computes it (tanh form, fp16 table), float32 out."""
+    """GELU as llama.cpp's CPU backend computes it (tanh form, fp16 table), float32 out; a many-
+    token block of rows on all threads (``gelu_lookup_rows``)."""
     x = np.ascontiguousarray(x, np.float32)
+    if x.ndim == 2 and x.size >= 1 << 16:
+        return gelu_lookup_rows(x, _gelu_table())
     return gelu_lookup(x.reshape(-1), _gelu_table()).reshape(x.shape)
+
+
+@njit(parallel=True, cache=True)
+def gelu_lookup_rows(x, table):
+    """``gelu_lookup`` of each row of x (T, n), rows spread over the threads (a 512-token prompt
+    of the real Gemma: 2.8 ms per layer on one thread)."""
+    out = np.empty_like(x)
+    for t in prange(x.shape[0]):
+        for i in range(x.shape[1]):
+            v = x[t, i]
+            out[t, i] = np.float32(0.0) if v <= -10 else (v if v >= 10 else table[f16_bits(v)])
+    return out
 
 
 @njit(cache=True)

@@ -9,7 +9,7 @@ import numpy as np
 
 from runtime.kernels.blocks32 import B32, B32_KIND, mm_b32
 from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8
-from runtime.kernels.gemm import dequantize_activations, gemm_rows, use_gemm
+from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.float_rows import (
     LUT_F16,
     ONE_ROW_X_BYTES,
@@ -102,8 +102,7 @@ def _dequantized(X, fmt):
     shared = X is _SHARED["x"]
     if shared and key in _SHARED["q"]:
         return _SHARED["q"][key]
-    xq, xd, _ = _quantized(X, how)
-    out = dequantize_activations(xq, xd, xq.shape[1] // xd.shape[1])
+    out = q8_k_values(X) if how == "k" else q8_0_values(X)
     if shared:
         _SHARED["q"][key] = out
     return out

@@ -33,11 +33,16 @@ import os
 import numpy as np
 from numba import njit, prange
 
+from aios.quant import QK_K
+from runtime.kernels.blocks32 import QK
+from runtime.kernels.quantize import round_f16
+
 # T at and above which a whole-matrix product goes through the GEMM (rows None), and attention
-# through runtime.attention_gemm. At 8 tokens the per-token int8 kernels still win (their
-# decode is a small part of T dot products); at 16 the GEMM does
-# (benchmarks/prefill_vs_llamacpp.py --crossover).
-GEMM_MIN_TOKENS = 16
+# through runtime.attention_gemm. On the real Gemma 3 270M Q4_K_M, 2 threads (2-core Xeon, AMX;
+# benchmarks/prefill_vs_llamacpp.py --crossover), tokens/s one-token kernels / GEMM form: 8
+# tokens 188 / 189, 16 tokens 228 / 145 (BLAS is slow on so few rows), 32: 133 / 201, 64:
+# 140 / 289, 512: 171 / 472.
+GEMM_MIN_TOKENS = 32
 _GEMM = {"min_tokens": GEMM_MIN_TOKENS if os.environ.get("AIOS_BATCHED_GEMM", "1") != "0" else None}
 
 
@@ -58,6 +63,59 @@ def use_gemm(tokens: int) -> bool:
 CHUNK_VALUES = 1 << 22
 
 
+# no NaN/inf/signed-zero care: the maxima reduce in vector lanes; no reassociation, contraction or
+# reciprocal, so every product and quotient rounds as in runtime.kernels.quantize (tested)
+_EXACT_MAX = {"nnan", "ninf", "nsz"}
+
+
+@njit(parallel=True, fastmath=_EXACT_MAX, cache=True)
+def q8_0_values(X):
+    """X rounded as ``quantize_activations`` rounds it, as values: per block of 32, d = max|x|/127,
+    q = rint(x·(127/max|x|)), d rounded to fp16, X̂ = fp16(d)·q (what the Q8_0 and Q8_1 blocks
+    stand for; the int8 quants are never stored). The same float32 operations, no fastmath."""
+    T, k = X.shape
+    out = np.empty((T, k), np.float32)
+    for t in prange(T):
+        for b in range(k // QK):
+            o = b * QK
+            amax = np.float32(0.0)
+            for i in range(QK):
+                amax = max(amax, abs(X[t, o + i]))
+            d = round_f16(amax / np.float32(127.0))
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            for i in range(QK):
+                out[t, o + i] = d * np.float32(np.rint(X[t, o + i] * inv))
+    return out
+
+
+@njit(parallel=True, fastmath=_EXACT_MAX, cache=True)
+def q8_k_values(X):
+    """X rounded as ``quantize_q8_k`` rounds it (blocks of 256: the value of largest magnitude m,
+    iscale = −127/m, q = min(127, rint(iscale·x)), d = 1/iscale), as values d·q."""
+    T, k = X.shape
+    out = np.empty((T, k), np.float32)
+    for t in prange(T):
+        for b in range(k // QK_K):
+            o = b * QK_K
+            amax = np.float32(0.0)
+            for i in range(QK_K):
+                amax = max(amax, abs(X[t, o + i]))
+            mx = np.float32(0.0)
+            for i in range(QK_K):  # the first value of that magnitude, as quantize_q8_k picks it
+                if abs(X[t, o + i]) == amax:
+                    mx = X[t, o + i]
+                    break
+            if amax == 0:
+                for i in range(QK_K):
+                    out[t, o + i] = 0.0
+                continue
+            iscale = np.float32(-127.0) / mx
+            d = np.float32(1.0) / iscale
+            for i in range(QK_K):
+                out[t, o + i] = d * np.float32(min(127, np.int32(np.rint(iscale * X[t, o + i]))))
+    return out
+
+
 @njit(parallel=True, cache=True)
 def dequantize_activations(xq, xd, block):
     """X̂ (T, k) float32 with X̂[t, i] = xd[t, i // block]·xq[t, i]: the int8 activation blocks
@@ -74,12 +132,23 @@ def dequantize_activations(xq, xd, block):
     return out
 
 
+_SCRATCH: list[np.ndarray] = []  # the decoded rows' buffer, kept: a fresh 5 MB np.empty per matmul
+# is fresh pages from the kernel, each faulted in on first write (0.14 s of a 1.1 s prompt here)
+
+
+def _scratch(n: int) -> np.ndarray:
+    """n float32 values of the module's reusable buffer (grown when a call needs more)."""
+    if not _SCRATCH or _SCRATCH[0].size < n:
+        _SCRATCH[:] = [np.empty(n, np.float32)]
+    return _SCRATCH[0][:n]
+
+
 def gemm_rows(W: np.ndarray, X: np.ndarray, Y: np.ndarray, decode) -> None:
     """Y (T, n) = X (T, k) @ Ŵᵀ, Ŵ the rows of W decoded by ``decode(W[r0:r1], out)`` (float32
     (r1 − r0, k)) in chunks of at most CHUNK_VALUES values, each chunk times all of X in one GEMM."""
     n, k = Y.shape[1], X.shape[1]
     step = max(1, min(n, CHUNK_VALUES // k))
-    buf = np.empty((step, k), np.float32)
+    buf = _scratch(step * k).reshape(step, k)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         chunk = buf[: r1 - r0]

@@ -99,3 +99,17 @@ def test_switched_off_by_the_environment(tmp_path):
     env = {**os.environ, "AIOS_BATCHED_GEMM": "0"}
     env_off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert env_on.stdout.split() == ["True", "False"] and env_off.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("k", [256, 2048])
+def test_activation_values_are_the_int8_blocks_to_the_bit(k):
+    # q8_0_values / q8_k_values skip the int8 storage: the same rounding as quantize_activations*
+    X = (RNG.standard_normal((9, k)) * np.exp(RNG.uniform(-8, 8, (9, 1)))).astype(np.float32)
+    X[0, :32] = 0  # an all-zero block
+    X[1, 5], X[1, 9] = 3.0, -3.0  # equal magnitudes: the first one sets the sign of d
+    xq, xd, _ = K.quantize_activations(X)
+    ref0 = (xq.reshape(9, -1, 32) * xd[..., None]).reshape(9, k)
+    np.testing.assert_array_equal(gemm.q8_0_values(X), ref0.astype(np.float32))  # (a zero's sign may differ)
+    xq, xd, _ = K.quantize_activations_k(X)
+    refk = (xq.reshape(9, -1, 256) * xd[..., None]).reshape(9, k)
+    np.testing.assert_array_equal(gemm.q8_k_values(X), refk.astype(np.float32))
