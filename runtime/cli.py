@@ -57,7 +57,8 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
 @click.option("--mode", type=click.Choice(MODES), default="dense", show_default=True,
               help=MODE_HELP)
 @click.option("--predictor", type=click.Path(dir_okay=False), default=None, help=PREDICTOR_HELP)
-@click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size (tokens per forward).")
+@click.option("--chunk", type=int, default=512, show_default=True,
+              help="Prefill chunk size (tokens per forward; from 32 on, GEMMs).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
@@ -178,7 +179,7 @@ def _two_ints(text: str) -> tuple[int, int]:
 @click.option("--prompt-tokens", type=int, default=64, show_default=True,
               help="Prompt length per run (tokens of the bundled held-out text).")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="Tokens to generate per run.")
-@click.option("--chunk", type=int, default=64, show_default=True, help="Prefill chunk size.")
+@click.option("--chunk", type=int, default=512, show_default=True, help="Prefill chunk size.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="Folder with tokenizer.json (default: from each GGUF).")
 @click.option("--no-project", is_flag=True, help="Skip the checker's projection (faster).")

@@ -109,7 +109,7 @@ class Timing:
         return self.generated / self.decode_s if self.decode_s else 0.0
 
 
-def generate(model: Model, prompt_ids: list[int], n: int, *, chunk: int = 64,
+def generate(model: Model, prompt_ids: list[int], n: int, *, chunk: int = 512,
              sampling: Sampling = Sampling(), eos: int | set[int] | None = None) -> tuple[list[int], Timing]:
     """Prefill ``prompt_ids`` in chunks, then decode ``n`` tokens (fewer when one of ``eos`` comes,
     which is kept as the last token); bytes counted per phase."""

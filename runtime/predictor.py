@@ -139,7 +139,7 @@ def evaluate(pred: LayerPredictor, W: np.ndarray, H: np.ndarray, threshold: floa
     }
 
 
-def collect_ffn_inputs(model, token_ids: list[list[int]], max_tokens: int, chunk: int = 64) -> list[np.ndarray]:
+def collect_ffn_inputs(model, token_ids: list[list[int]], max_tokens: int, chunk: int = 512) -> list[np.ndarray]:
     """Per layer, the FFN inputs the runtime computes for ``token_ids`` (up to ``max_tokens``)."""
     per_layer: list[list[np.ndarray]] = [[] for _ in range(model.hp.n_layers)]
     seen = 0
