@@ -18,6 +18,7 @@ this form where runtime.kernels.gemm.use_gemm says (from GEMM_MIN_TOKENS queries
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 from numba import njit, prange
@@ -26,12 +27,48 @@ from runtime.ggml_ops import exp_shift16, v_expf
 
 QUERY_CHUNK = 256  # queries per GEMM: the scores (chunk · heads per KV head × keys) stay bounded
 
+# Packed sequences: several independent texts in one forward pass from an empty context (the
+# checker's calibration texts, 75 tokens on average, ran as GEMMs of 75 rows; packed, as GEMMs
+# of up to 512). While ``packed(starts)`` holds, the chunk's token t belongs to the text that
+# starts at the largest start ≤ t: its RoPE position counts from that start (``positions``) and
+# its query sees only that text's keys (``attention_gemm``). Every token of every text is then
+# computed as if its text ran alone, to float32 rounding (tests/runtime/test_attention_gemm.py).
+_PACK: dict = {"starts": None}
+
+
+@contextmanager
+def packed(starts):
+    """Within the block, a forward pass of a fresh context is the texts beginning at ``starts``
+    (ascending token offsets, the first 0) packed back to back."""
+    starts = np.asarray(starts, np.int64)
+    if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any():
+        raise ValueError("packed: starts must ascend from 0")
+    _PACK["starts"] = starts
+    try:
+        yield
+    finally:
+        _PACK["starts"] = None
+
+
+def positions(p0: int, T: int) -> np.ndarray:
+    """The positions of T tokens after p0 cached ones: p0 .. p0+T−1, or, packed, each token's
+    offset within its own text (then p0 must be 0 and T at least GEMM_MIN_TOKENS)."""
+    starts = _PACK["starts"]
+    if starts is None:
+        return np.arange(p0, p0 + T)
+    from runtime.kernels.gemm import use_gemm
+
+    if p0 != 0 or not use_gemm(T) or starts[-1] >= T:
+        raise ValueError("packed texts need a fresh context, the GEMM form and starts inside the chunk")
+    t = np.arange(T)
+    return t - starts[np.searchsorted(starts, t, side="right") - 1]
+
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first):
+def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first, first_key):
     """In place: row r of S (query t0 + r // group at position p0 + t0 + r // group; column c is
     key j0 + c) becomes its softmax over the keys that query may see (causal, within ``window``
-    when > 0), 0 elsewhere. Scores are ×scale then capped as softcap·tanh(s/softcap) (the float
+    when > 0, from ``first_key[t]`` on when that is not empty), 0 elsewhere. Scores are ×scale then capped as softcap·tanh(s/softcap) (the float
     path), or capped first and then ×scale (``cap_first``: llama.cpp's order). The exponentials
     are ggml's vectorized expf (``ggml_ops.exp_shift16``); fastmath lets the sums vectorize
     (float32 sums: 2× faster than float64 here, 10⁻⁷ relative)."""
@@ -39,6 +76,8 @@ def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first):
     for r in prange(R):
         p = p0 + t0 + r // group
         a = max(j0, p + 1 - window) - j0 if window > 0 else 0
+        if first_key.shape[0]:  # packed texts: none of the keys before the query's own text
+            a = max(a, first_key[t0 + r // group] - j0)
         b = p + 1 - j0  # the visible columns a .. b-1
         if softcap > 0:
             for c in range(a, b):
@@ -76,6 +115,10 @@ def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: boo
     Hkv = K.shape[0]
     group = Hq // Hkv
     out = np.empty((T, Hq, hd), np.float32)
+    starts = _PACK["starts"]
+    first_key = np.zeros(0, np.int64)  # per query, the first key of its text (packed texts)
+    if starts is not None:
+        first_key = p0 + starts[np.searchsorted(starts, np.arange(T), side="right") - 1]
     for t0 in range(0, T, QUERY_CHUNK):
         t1 = min(T, t0 + QUERY_CHUNK)
         first = p0 + t0  # the first query's position: no key before its window is seen
@@ -84,6 +127,7 @@ def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: boo
         for kv in range(Hkv):
             Q = np.ascontiguousarray(q[t0:t1, kv * group:(kv + 1) * group]).reshape((t1 - t0) * group, hd)
             S = Q @ K[kv, j0:m].T
-            _softmax_rows(S, p0, t0, j0, group, np.float32(scale), window, np.float32(softcap or 0.0), cap_first)
+            _softmax_rows(S, p0, t0, j0, group, np.float32(scale), window, np.float32(softcap or 0.0), cap_first,
+                          first_key)
             out[t0:t1, kv * group:(kv + 1) * group] = (S @ V[kv, j0:m]).reshape(t1 - t0, group, hd)
     return out.reshape(T, Hq * hd)

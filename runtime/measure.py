@@ -15,6 +15,33 @@ from typing import Callable, Sequence
 import numpy as np
 
 from aios.measure.ffn import FfnActivity
+from runtime import attention_gemm
+
+
+PACK_TOKENS = 512  # tokens per packed forward pass: the GEMMs' rate is reached (kernels.gemm)
+
+
+def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS) -> list[list[int]]:
+    """The texts (by index, in order) grouped into forward passes of at most ``limit`` tokens;
+    a text alone where packing cannot run (the GEMM form switched off) or does not pay (a pack
+    shorter than GEMM_MIN_TOKENS runs its texts one by one, each through the one-token path)."""
+    from runtime.kernels.gemm import use_gemm
+
+    if not use_gemm(limit):
+        return [[i] for i in range(len(lengths))]
+    packs: list[list[int]] = []
+    cur: list[int] = []
+    for i, n in enumerate(lengths):
+        if cur and sum(lengths[j] for j in cur) + n > limit:
+            packs.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        packs.append(cur)
+    out = []
+    for p in packs:
+        out.extend([p] if len(p) == 1 or use_gemm(sum(lengths[j] for j in p)) else [[j] for j in p])
+    return out
 
 
 def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer, *, max_tokens: int = 128,
@@ -26,7 +53,8 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
 
     encoded = [ids for ids in (tokenizer(t, add_special_tokens=True)["input_ids"][:max_tokens] for t in texts)
                if ids]
-    model = Model(Path(path), mode="dense", n_ctx=max([len(ids) for ids in encoded], default=1))
+    packs = pack_texts([len(ids) for ids in encoded])
+    model = Model(Path(path), mode="dense", n_ctx=max([sum(len(encoded[i]) for i in p) for p in packs], default=1))
     hp = model.hp
     stats = FfnActivity(hp.n_layers, hp.d_ffn, eps=eps)
 
@@ -37,12 +65,19 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
         stats.neuron_active[layer] += (~is_zero).sum(0)
 
     model.ffn_act_hook = hook
-    for k, ids in enumerate(encoded):
+    done = 0
+    for pack in packs:
+        ids = [t for i in pack for t in encoded[i]]
         model.reset()
-        model.forward(ids)
+        if len(pack) == 1:
+            model.forward(ids)
+        else:  # the texts back to back, each attending to itself only (runtime.attention_gemm)
+            with attention_gemm.packed(np.cumsum([0] + [len(encoded[i]) for i in pack[:-1]])):
+                model.forward(ids)
         stats.tokens += len(ids)
+        done += len(pack)
         if progress:
-            progress(k + 1, len(encoded))
+            progress(done, len(encoded))
     return stats
 
 

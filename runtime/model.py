@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
-from runtime import decode_block, ggml_ops, gguf_checks, kernels, ops, thresholds
+from runtime import attention_gemm, decode_block, ggml_ops, gguf_checks, kernels, ops, thresholds
 from runtime.accounting import ByteCounter
 from runtime.activations import GELU_FAMILY, GGML_GELU, GGML_SILU, activation
 from runtime.extensions import LAYER_HOOKS
@@ -513,7 +513,7 @@ class Model:
         T = len(tokens)
         if self.pos + T > hp.n_ctx:
             raise UsageError(f"Context full: {self.pos + T} tokens exceed the context of {hp.n_ctx}.")
-        positions = np.arange(self.pos, self.pos + T)
+        positions = attention_gemm.positions(self.pos, T)  # (packed texts: each from 0)
         x = self.tok_embd.rows_f32(tokens)  # (T, d_model): one stored row read per token
         if hp.graph.embed_scale:  # Gemma: embeddings scaled by sqrt(d_model)
             x *= np.float32(math.sqrt(hp.d_model))

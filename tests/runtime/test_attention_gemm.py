@@ -53,3 +53,51 @@ def test_batch_entry_points_pick_by_query_count():
     assert ops.attention_batch(q, K, V, 0, 0.25, 0, 0.0).tobytes() == ops.attention(q, K, V, 0, 0.25, 0, 0.0).tobytes()
     assert (ggml_ops.attention_batch(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes()
             == ggml_ops.attention(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes())
+
+
+# --- packed texts: several texts in one forward pass, each as if alone -----------------------
+@pytest.mark.parametrize("fixture", ["tiny-llama", "tiny-falcon"])
+def test_packed_texts_equal_each_text_alone(exported, fixture):
+    from runtime.model import Model
+
+    path, _ = exported(fixture, "q8_0")
+    rng = np.random.default_rng(0)
+    texts = [list(rng.integers(3, 200, n)) for n in (40, 57, 33)]
+    m = Model(path, n_ctx=256)
+    seen: list[np.ndarray] = []
+    m.ffn_act_hook = lambda layer, a: seen.append(np.array(a))
+    alone = []
+    for ids in texts:
+        seen.clear()
+        m.reset()
+        last = m.forward(ids)
+        alone.append((np.concatenate(seen, 1), last))
+    seen.clear()
+    m.reset()
+    with attention_gemm.packed(np.cumsum([0, 40, 57])):
+        last = m.forward([t for ids in texts for t in ids])
+    packed = np.concatenate(seen, 1)  # (tokens, layers · d_ffn)
+    ref = np.concatenate([a for a, _ in alone])
+    np.testing.assert_allclose(packed, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    np.testing.assert_allclose(last, alone[-1][1], rtol=0, atol=1e-4 * np.abs(last).max())
+    m.reset()  # outside the block: positions count on as before
+    assert attention_gemm.positions(3, 4).tolist() == [3, 4, 5, 6]
+
+
+def test_packed_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError):
+        with attention_gemm.packed([5, 9]):
+            pass
+    with attention_gemm.packed([0, 40]):
+        assert attention_gemm.positions(0, 64).tolist() == list(range(40)) + list(range(24))
+        with pytest.raises(ValueError):
+            attention_gemm.positions(0, kernels.GEMM_MIN_TOKENS - 1)  # the one-token kernels know no texts
+        with pytest.raises(ValueError):
+            attention_gemm.positions(7, 64)  # not a fresh context
+
+
+def test_pack_texts_groups_up_to_the_limit():
+    from runtime.measure import pack_texts
+
+    assert pack_texts([100, 300, 200, 50, 600, 10], limit=512) == [[0, 1], [2, 3], [4], [5]]
+    assert pack_texts([10, 10], limit=512) == [[0], [1]]  # 20 tokens: below the GEMM form, one by one
