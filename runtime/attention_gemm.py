@@ -11,8 +11,9 @@ the output one more GEMM (P·V). Both GEMMs run on numpy's BLAS.
 The arithmetic is float32 throughout, the softmax's sum in float64: the float path's
 ``ops.attention`` sums q·k in float32 too and p·V in float64; ``ggml_ops.attention`` reproduces
 llama.cpp's one-query kernel bit for bit, which a GEMM cannot (llama.cpp's own batched path
-sums in other orders as well). ``ops.attention_batch`` / ``ggml_ops.attention_batch`` take
-this form where runtime.kernels.gemm.use_gemm says (from GEMM_MIN_TOKENS queries, unless switched off).
+sums in other orders as well). ``attention_float`` / ``attention_ggml`` (what the model calls)
+take this form where runtime.kernels.gemm.use_gemm says (from GEMM_MIN_TOKENS queries, unless
+switched off), and ``ops.attention`` / ``ggml_ops.attention`` below that.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from contextlib import contextmanager
 import numpy as np
 from numba import njit, prange
 
+from runtime import ggml_ops, ops
 from runtime.ggml_ops import exp_shift16, v_expf
+from runtime.kernels.gemm import use_gemm
 
 QUERY_CHUNK = 256  # queries per GEMM: the scores (chunk · heads per KV head × keys) stay bounded
 
@@ -131,3 +134,19 @@ def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: boo
                           first_key)
             out[t0:t1, kv * group:(kv + 1) * group] = (S @ V[kv, j0:m]).reshape(t1 - t0, group, hd)
     return out.reshape(T, Hq * hd)
+
+
+def attention_float(q, K, V, p0, scale, window, softcap):
+    """``ops.attention`` (the float path's) for any number of queries: where ``use_gemm`` says,
+    the GEMM form, scores and weights in float32."""
+    if use_gemm(q.shape[0]):
+        return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0)
+    return ops.attention(q, K, V, p0, scale, window, softcap)
+
+
+def attention_ggml(q, K, V, p0, scale, window, softcap):
+    """``ggml_ops.attention`` (llama.cpp's one-query rounding) for any number of queries: where
+    ``use_gemm`` says, the GEMM form in llama.cpp's cap order (float32 sums in BLAS order)."""
+    if use_gemm(q.shape[0]):
+        return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
+    return ggml_ops.attention(q, K, V, p0, scale, window, softcap)

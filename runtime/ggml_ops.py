@@ -39,8 +39,6 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from runtime.kernels.gemm import use_gemm
-
 F32 = np.float32
 
 
@@ -479,12 +477,3 @@ def expf_lane(x):
     """``v_expf`` callable from Python (tests): one float32 in, its ggml_v_expf lane out."""
     return v_expf(x)
 
-
-def attention_batch(q, K, V, p0, scale, window, softcap):
-    """``attention`` for any number of queries: where ``use_gemm`` says (GEMM_MIN_TOKENS+ queries), the BLAS form
-    (runtime.attention_gemm, llama.cpp's cap order; float32 sums in BLAS order, not ggml's)."""
-    if use_gemm(q.shape[0]):
-        from runtime.attention_gemm import attention_gemm  # (it imports this module's exp)
-
-        return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
-    return attention(q, K, V, p0, scale, window, softcap)

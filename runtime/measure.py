@@ -21,8 +21,9 @@ from runtime import attention_gemm
 PACK_TOKENS = 512  # tokens per packed forward pass: the GEMMs' rate is reached (kernels.gemm)
 
 
-def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS) -> list[list[int]]:
-    """The texts (by index, in order) grouped into forward passes of at most ``limit`` tokens;
+def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS, most: int | None = None) -> list[list[int]]:
+    """The texts (by index, in order) grouped into forward passes of at most ``limit`` tokens
+    and ``most`` texts (the callers pass a tenth of the texts, so progress still moves in tenths);
     a text alone where packing cannot run (the GEMM form switched off) or does not pay (a pack
     shorter than GEMM_MIN_TOKENS runs its texts one by one, each through the one-token path)."""
     from runtime.kernels.gemm import use_gemm
@@ -32,7 +33,7 @@ def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS) -> list[list[in
     packs: list[list[int]] = []
     cur: list[int] = []
     for i, n in enumerate(lengths):
-        if cur and sum(lengths[j] for j in cur) + n > limit:
+        if cur and (sum(lengths[j] for j in cur) + n > limit or (most is not None and len(cur) >= most)):
             packs.append(cur)
             cur = []
         cur.append(i)
@@ -53,7 +54,7 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
 
     encoded = [ids for ids in (tokenizer(t, add_special_tokens=True)["input_ids"][:max_tokens] for t in texts)
                if ids]
-    packs = pack_texts([len(ids) for ids in encoded])
+    packs = pack_texts([len(ids) for ids in encoded], most=max(1, -(-len(encoded) // 10)))
     model = Model(Path(path), mode="dense", n_ctx=max([sum(len(encoded[i]) for i in p) for p in packs], default=1))
     hp = model.hp
     stats = FfnActivity(hp.n_layers, hp.d_ffn, eps=eps)

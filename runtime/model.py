@@ -407,7 +407,7 @@ class Model:
             self._freq_factors_swa if local else self._freq_factors, g.rope == "neox", g.rope is not None, pre,
             self.k_cache[layer], self.v_cache[layer], p0)
         self._kv_reads(layer, T, p0 + T)
-        return ggml_ops.attention_batch(q, self.k_cache[layer], self.v_cache[layer], p0,
+        return attention_gemm.attention_ggml(q, self.k_cache[layer], self.v_cache[layer], p0,
                                   np.float32(1.0) if g.q_prescale else scale,
                                   hp.window if hp.swa_layers[layer] else 0, np.float32(hp.attn_softcap or 0.0))
 
@@ -423,9 +423,9 @@ class Model:
             scale = ggml_ops.kq_scale(hp.attn_scale)
             if hp.graph.q_prescale:  # llama.cpp scales q, then runs the softmax with scale 1
                 q, scale = q * scale, np.float32(1.0)
-            return ggml_ops.attention_batch(q, self.k_cache[layer], self.v_cache[layer], p0, scale,
+            return attention_gemm.attention_ggml(q, self.k_cache[layer], self.v_cache[layer], p0, scale,
                                       window, np.float32(hp.attn_softcap or 0.0))
-        return ops.attention_batch(q, self.k_cache[layer], self.v_cache[layer], p0, hp.attn_scale, window,
+        return attention_gemm.attention_float(q, self.k_cache[layer], self.v_cache[layer], p0, hp.attn_scale, window,
                              hp.attn_softcap)
 
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:

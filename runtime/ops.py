@@ -12,8 +12,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from runtime.attention_gemm import attention_gemm
-from runtime.kernels.gemm import use_gemm
 from runtime.ggml_ops import f16_bits, fma32
 from runtime.kernels import axpy_f64_at, dot_f32_at
 
@@ -127,13 +125,6 @@ def attention(q, K, V, p0, scale, window, softcap):
     return out
 
 
-
-def attention_batch(q, K, V, p0, scale, window, softcap):
-    """``attention`` for any number of queries: where ``use_gemm`` says (GEMM_MIN_TOKENS+ queries), the BLAS form
-    (runtime.attention_gemm), scores and weights in float32."""
-    if use_gemm(q.shape[0]):
-        return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0)
-    return attention(q, K, V, p0, scale, window, softcap)
 
 # --- llama.cpp's GELU (the int8 arithmetic's activation) ---------------------------------------
 # ggml computes GELU on the CPU as the tanh approximation looked up in a table with one fp16

@@ -50,8 +50,8 @@ def test_query_chunks_equal_one_chunk(monkeypatch):
 def test_batch_entry_points_pick_by_query_count():
     q, K, V = _inputs(kernels.GEMM_MIN_TOKENS - 1, 0, 2, 1, 16)
     # below the threshold: the one-query kernels themselves, bit for bit
-    assert ops.attention_batch(q, K, V, 0, 0.25, 0, 0.0).tobytes() == ops.attention(q, K, V, 0, 0.25, 0, 0.0).tobytes()
-    assert (ggml_ops.attention_batch(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes()
+    assert attention_gemm.attention_float(q, K, V, 0, 0.25, 0, 0.0).tobytes() == ops.attention(q, K, V, 0, 0.25, 0, 0.0).tobytes()
+    assert (attention_gemm.attention_ggml(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes()
             == ggml_ops.attention(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes())
 
 
