@@ -240,8 +240,63 @@ def _reader_class():
                 order = self.byte_order if override_order is None else override_order
                 return arr.view(arr.dtype.newbyteorder(order))
 
+            def _get_field_parts(self, orig_offs, raw_type):
+                bulk = _array_parts(self, orig_offs, raw_type)
+                return bulk if bulk is not None else super()._get_field_parts(orig_offs, raw_type)
+
         _READER_CLASS = Reader
     return _READER_CLASS
+
+
+def _array_parts(r, orig: int, raw_type: int):
+    """gguf-py's ``_get_field_parts`` of a long ARRAY of scalars or strings, the same parts in
+    the same order, built in one loop instead of one recursive call (and three slices) per
+    element: the real Gemma 3 270M's 262,144-token vocabulary (tokens, scores, types) took 3-6 s
+    to parse that way, 0.3 s this way. None (gguf-py's own walk) for anything else, a file whose
+    byte order is not this machine's, or an element that would run past the end of the file
+    (where gguf-py's walk says what is wrong)."""
+    import sys
+
+    from gguf import GGUFValueType
+
+    if raw_type != GGUFValueType.ARRAY or r.byte_order != "I" or sys.byteorder != "little":
+        return None
+    plain = r.data.view(np.ndarray)
+    end = plain.shape[0]
+    if orig + 12 > end:
+        return None
+    raw_itype, alen = r._get(orig, np.uint32), r._get(orig + 4, np.uint64)
+    n, offs = int(alen[0]), orig + 12
+    try:
+        etype = GGUFValueType(int(raw_itype[0]))
+    except ValueError:
+        return None
+    if n < 64:
+        return None
+    nptype = r.gguf_scalar_to_np.get(etype)
+    if nptype is not None:
+        size = np.dtype(nptype).itemsize * n
+        if offs + size > end:
+            return None
+        vals = plain[offs:offs + size].view(nptype)
+        return (offs + size - orig, [raw_itype, alen] + [vals[i:i + 1] for i in range(n)],
+                list(range(2, 2 + n)), [GGUFValueType.ARRAY, etype])
+    if etype != GGUFValueType.STRING:
+        return None
+    parts = [raw_itype, alen]
+    mv = memoryview(plain)
+    u64 = np.dtype(np.uint64)
+    pos = offs
+    for _ in range(n):
+        if pos + 8 > end:
+            return None
+        slen = int.from_bytes(mv[pos:pos + 8], "little")
+        if pos + 8 + slen > end:
+            return None
+        parts.append(plain[pos:pos + 8].view(u64))
+        parts.append(plain[pos + 8:pos + 8 + slen])
+        pos += 8 + slen
+    return pos - orig, parts, list(range(3, 3 + 2 * n, 2)), [GGUFValueType.ARRAY, etype]
 
 
 @lru_cache(maxsize=2)
