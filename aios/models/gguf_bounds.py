@@ -68,6 +68,21 @@ class _Walker:
         self.skip(n, what)
         return bytes(self.buf[start:self.pos])
 
+    def strings(self, n: int, what: str) -> None:
+        """Skip n strings: ``value(STRING)`` n times, in one loop (a 262k-token vocabulary took
+        0.7 s through the calls), with the same checks and messages."""
+        unpack, buf, end, pos = struct.Struct(self.e + "Q").unpack_from, self.buf, self.end, self.pos
+        for _ in range(n):
+            if pos + 8 > end:
+                self.pos = pos
+                raise _Bad(f"the header ends inside the length of {what} at byte {pos}")
+            (length,) = unpack(buf, pos)
+            pos += 8
+            if length > end - pos:
+                raise _Bad(f"{what} declares {length:,} bytes at byte {pos} but only {end - pos:,} remain in the file")
+            pos += length
+        self.pos = pos
+
     def value(self, vtype: int, what: str, depth: int = 0) -> int | None:
         """Skip one value; returns it for UINT32 scalars (general.alignment), else None."""
         if vtype in SCALAR_SIZE:
@@ -88,8 +103,11 @@ class _Walker:
             elif itype in (STRING, ARRAY):
                 if n * (8 if itype == STRING else 12) > self.end - self.pos:
                     raise _Bad(f"{what} declares {n:,} items, more than the file can hold")
-                for _ in range(n):
-                    self.value(itype, what, depth + 1)
+                if itype == STRING:
+                    self.strings(n, what)
+                else:
+                    for _ in range(n):
+                        self.value(itype, what, depth + 1)
             else:
                 raise _Bad(f"{what} has unknown item type {itype}")
         else:
