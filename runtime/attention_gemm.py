@@ -136,9 +136,22 @@ def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: boo
     return out.reshape(T, Hq * hd)
 
 
+# Set by Model.forward for a prompt's last block when only the last token's logits are asked:
+# the attention entry points below then compute the last query only (its K and V, and every
+# other token's, are in the cache already), and the model carries one row on.
+LAST_QUERY = {"on": False}
+
+
+def _last(q, p0):
+    if LAST_QUERY["on"] and q.shape[0] > 1:
+        return q[-1:], p0 + q.shape[0] - 1
+    return q, p0
+
+
 def attention_float(q, K, V, p0, scale, window, softcap):
     """``ops.attention`` (the float path's) for any number of queries: where ``use_gemm`` says,
     the GEMM form, scores and weights in float32."""
+    q, p0 = _last(q, p0)
     if use_gemm(q.shape[0]):
         return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0)
     return ops.attention(q, K, V, p0, scale, window, softcap)
@@ -147,6 +160,7 @@ def attention_float(q, K, V, p0, scale, window, softcap):
 def attention_ggml(q, K, V, p0, scale, window, softcap):
     """``ggml_ops.attention`` (llama.cpp's one-query rounding) for any number of queries: where
     ``use_gemm`` says, the GEMM form in llama.cpp's cap order (float32 sums in BLAS order)."""
+    q, p0 = _last(q, p0)
     if use_gemm(q.shape[0]):
         return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
     return ggml_ops.attention(q, K, V, p0, scale, window, softcap)

@@ -39,20 +39,6 @@ RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
 F32 = 4
 _NO_BIAS = np.zeros(0, np.float32)  # layer_norm without a bias
-_BLAS = None  # threadpoolctl's controller of the BLAS libraries, made on first use
-
-
-def _one_blas_thread():
-    """A context in which BLAS runs on one thread. The predictor's two products are ~10⁵–10⁶
-    multiply-adds per token and layer; with OpenBLAS's default of one thread per core its second
-    thread waits for a core that numba's pool still holds (spinning after the last parallel
-    kernel): 3-12 ms per call measured on 2 cores, against ~0.1 ms on one thread."""
-    global _BLAS
-    if _BLAS is None:
-        from threadpoolctl import ThreadpoolController  # a dependency of scikit-learn (ours)
-
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
 
 
 class Model:
@@ -431,7 +417,7 @@ class Model:
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:
         p = self.predictor.layers[layer]
         self.counter.add("weights", p.nbytes, layer, f"blk.{layer}.ffn_predictor")
-        with _one_blas_thread():
+        with kernels.one_blas_thread():
             guess = p.predict(h)
         return np.flatnonzero(guess.any(0)).astype(np.int64)  # union over the chunk
 
@@ -538,8 +524,13 @@ class Model:
             self.ffn_nnz = int(nnz)
             self.pos += T
             return logits
+        # a prompt's logits are its last token's: the last block's queries, output and FFN for
+        # that token only (llama.cpp does the same), unless a hook wants every token's FFN
+        last_only = (T > 1 and not all_logits and self.mode == "dense"
+                     and self.ffn_input_hook is None and self.ffn_act_hook is None)
         for i, L in enumerate(self.layers):
             g = hp.graph
+            attention_gemm.LAST_QUERY["on"] = last_only and i == hp.n_layers - 1
             if plans is not None and plans[i] is not None:  # the whole block as one compiled call
                 x, rest, nnz = self._compiled_block(i, plans[i], x, rest, positions)
                 self._count_activations(i, T)
@@ -567,6 +558,7 @@ class Model:
                     q = self._rope(q, positions, local)
                     k = self._rope(k, positions, local)
                 a = self._attention(i, q, k, v, positions)
+            x, h = (x[-1:], h[-1:]) if a.shape[0] < T else (x, h)  # LAST_QUERY: one row on from here
             attn = self._mm(L["attn_output.weight"], a, i, bias=L.get("attn_output.bias"))
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
                 attn = self._norm(attn, L["post_attention_norm.weight"], None)

@@ -101,3 +101,23 @@ def test_pack_texts_groups_up_to_the_limit():
 
     assert pack_texts([100, 300, 200, 50, 600, 10], limit=512) == [[0, 1], [2, 3], [4], [5]]
     assert pack_texts([10, 10], limit=512) == [[0], [1]]  # 20 tokens: below the GEMM form, one by one
+
+
+@pytest.mark.parametrize("fixture", ["tiny-llama", "tiny-falcon"])
+@pytest.mark.parametrize("n", [5, 40])  # the one-query kernels and the GEMM form
+def test_last_block_computes_only_the_last_token_when_only_its_logits_are_asked(exported, fixture, n, arithmetic):
+    from runtime.model import Model
+
+    arithmetic("int8")
+    path, _ = exported(fixture, "q8_0")
+    ids = list(np.random.default_rng(1).integers(3, 200, n))
+    m = Model(path, n_ctx=128)
+    full = m.forward(ids, all_logits=True)[-1]
+    m.reset()
+    last = m.forward(ids)[-1]  # the last block on one row
+    np.testing.assert_allclose(last, full, rtol=0, atol=1e-4 * np.abs(full).max())
+    # the cache holds every token's K and V: the next step is the same either way
+    nxt = m.forward([7])[-1]
+    m.reset()
+    m.forward(ids, all_logits=True)
+    np.testing.assert_allclose(nxt, m.forward([7])[-1], rtol=0, atol=1e-6 * np.abs(nxt).max())
