@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -47,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from llamacpp_worker import LlamaCpp, prompt_tokens  # noqa: E402
-from runtime_vs_llamacpp import interval  # noqa: E402
+from llamacpp_worker import LlamaCpp, prompt_tokens
+from runtime_vs_llamacpp import interval
 
 
 class OursPrefill:
@@ -100,8 +99,9 @@ def resolve(spec: str, work: Path, layers: int) -> Path:
 
         return real.fetch()
     if ":" in spec and not Path(spec).exists():
-        from convert.gguf import GGUFExportConfig, export_gguf
         from q4_k_m_families import build, quantize
+
+        from convert.gguf import GGUFExportConfig, export_gguf
 
         arch, preset = spec.split(":", 1)
         f16 = work / f"{arch}.F16.gguf"

@@ -9,14 +9,13 @@ instead of through transformers' GGUF loader, which dequantizes every tensor int
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
 from aios.measure.ffn import FfnActivity
 from runtime import attention_gemm
-
 
 PACK_TOKENS = 512  # tokens per packed forward pass: the GEMMs' rate is reached (kernels.gemm)
 

@@ -85,9 +85,8 @@ def test_packed_texts_equal_each_text_alone(exported, fixture):
 
 
 def test_packed_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError):
-        with attention_gemm.packed([5, 9]):
-            pass
+    with pytest.raises(ValueError), attention_gemm.packed([5, 9]):
+        pass
     with attention_gemm.packed([0, 40]):
         assert attention_gemm.positions(0, 64).tolist() == list(range(40)) + list(range(24))
         with pytest.raises(ValueError):
