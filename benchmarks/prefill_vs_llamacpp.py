@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from llamacpp_worker import LlamaCpp, prompt_tokens
-from runtime_vs_llamacpp import interval
+from runtime_vs_llamacpp import paired
 
 
 class OursPrefill:
@@ -76,20 +75,11 @@ class OursPrefill:
 
 
 def alternated(ours, theirs, n: int, rounds: int) -> dict:
-    """ours and theirs alternated (a,b then b,a ...): best tokens/s of each, per-round ratios,
-    their median and its 95 % bootstrap interval."""
-    a, b, ratios = [], [], []
-    for r in range(rounds):
-        if r % 2 == 0:
-            x, y = ours(n), theirs(n)
-        else:
-            y, x = theirs(n), ours(n)
-        a.append(x["prefill_tok_s"])
-        b.append(y["prefill_tok_s"])
-        ratios.append(x["prefill_tok_s"] / y["prefill_tok_s"])
-    return {"ours_tok_s": round(max(a), 1), "llamacpp_tok_s": round(max(b), 1),
-            "ratios": [round(v, 3) for v in ratios], "ratio": round(statistics.median(ratios), 3),
-            "ratio_ci95": interval(ratios)}
+    """ours and theirs alternated (``runtime_vs_llamacpp.paired``): best tokens/s of each,
+    per-round ratios, their median and its 95 % bootstrap interval."""
+    p = paired(ours, theirs, n, rounds, key="prefill_tok_s")
+    return {"ours_tok_s": round(p["a"]["prefill_tok_s"], 1), "llamacpp_tok_s": round(p["b"]["prefill_tok_s"], 1),
+            "ratios": p["ratios"], "ratio": p["ratio"], "ratio_ci95": p["ratio_ci95"]}
 
 
 def resolve(spec: str, work: Path, layers: int) -> Path:
@@ -173,7 +163,7 @@ def main() -> None:
         for spec in [s for s in args.files.split(",") if s]:
             try:
                 row = one_file(spec, resolve(spec, work, args.layers), args)
-            except Exception as e:  # one file's failure is a finding: report it and go on
+            except Exception as e:  # noqa: BLE001 - one file's failure is a finding: report it, go on
                 row = {"file": spec, "error": f"{type(e).__name__}: {e}"}
             rows.append(row)
             print(json.dumps(row), flush=True)

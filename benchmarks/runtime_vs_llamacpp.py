@@ -262,12 +262,12 @@ def interval(ratios, seed: int = 0) -> list[float]:
     return [round(float(v), 3) for v in np.percentile(boot, [2.5, 97.5])]
 
 
-def paired(a, b, n: int, rounds: int) -> dict:
+def paired(a, b, n: int, rounds: int, key: str = "decode_tok_s") -> dict:
     """Alternate a and b (a,b then b,a ...) so drift on a shared machine hits both alike.
 
-    Returns the best tokens/s of each, the per-round ratios a/b, their median (the figure
-    reported: a single slow round on either side does not decide it) and its 95 % bootstrap
-    interval.
+    Returns the best tokens/s (``key`` of each call's answer) of each, the per-round ratios a/b,
+    their median (the figure reported: a single slow round on either side does not decide it)
+    and its 95 % bootstrap interval.
     """
     ra, rb, ratios = [], [], []
     for r in range(rounds):
@@ -277,8 +277,8 @@ def paired(a, b, n: int, rounds: int) -> dict:
             y, x = b(n), a(n)
         ra.append(x)
         rb.append(y)
-        ratios.append(x["decode_tok_s"] / y["decode_tok_s"])
-    best = lambda rs: max(rs, key=lambda d: d["decode_tok_s"])  # noqa: E731
+        ratios.append(x[key] / y[key])
+    best = lambda rs: max(rs, key=lambda d: d[key])  # noqa: E731
     return {"a": best(ra), "b": best(rb), "ratios": [round(x, 3) for x in ratios],
             "ratio": round(float(np.median(ratios)), 3), "ratio_ci95": interval(ratios)}
 
