@@ -72,7 +72,8 @@ _EXACT_MAX = {"nnan", "ninf", "nsz"}
 def q8_0_values(X):
     """X rounded as ``quantize_activations`` rounds it, as values: per block of 32, d = max|x|/127,
     q = rint(x·(127/max|x|)), d rounded to fp16, X̂ = fp16(d)·q (what the Q8_0 and Q8_1 blocks
-    stand for; the int8 quants are never stored). The same float32 operations, no fastmath."""
+    stand for; the int8 quants are never stored). The same float32 operations (fastmath only as
+    _EXACT_MAX allows)."""
     T, k = X.shape
     out = np.empty((T, k), np.float32)
     for t in prange(T):
@@ -113,22 +114,6 @@ def q8_k_values(X):
             d = np.float32(1.0) / iscale
             for i in range(QK_K):
                 out[t, o + i] = d * np.float32(min(127, np.int32(np.rint(iscale * X[t, o + i]))))
-    return out
-
-
-@njit(parallel=True, cache=True)
-def dequantize_activations(xq, xd, block):
-    """X̂ (T, k) float32 with X̂[t, i] = xd[t, i // block]·xq[t, i]: the int8 activation blocks
-    (Q8_0/Q8_1: block 32, fp16-rounded d; Q8_K: block 256, float d) as the values they stand for."""
-    T, k = xq.shape
-    out = np.empty((T, k), np.float32)
-    nb = k // block
-    for t in prange(T):
-        for b in range(nb):
-            d = xd[t, b]
-            o = b * block
-            for i in range(block):
-                out[t, o + i] = d * np.float32(xq[t, o + i])
     return out
 
 
