@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.kernels import gemm
 from runtime.kernels.blocks32 import B32, B32_KIND, mm_b32
 from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8
-from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.float_rows import (
     LUT_F16,
     ONE_ROW_X_BYTES,
@@ -18,7 +18,9 @@ from runtime.kernels.float_rows import (
     mm_f16_half_x_one,
     mm_lut_rows,
 )
+from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.ir_helpers import int_dot_features
+from runtime.kernels.kq_tiles import B32_TILES, LANE_VALUES, arranged, mm_tiles, tiled
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
@@ -108,10 +110,31 @@ def _dequantized(X, fmt):
     return out
 
 
+def _arranged(X, fmt):
+    """X's int8 blocks in ``fmt``'s lane layout (runtime.kernels.kq_tiles: Q8_K for the
+    K-quants, Q8_0 for the 32-value types), shared like the blocks while ``share_input(X)``
+    holds X."""
+    b32 = fmt in B32_TILES
+    key = ("lanes", "b32" if b32 else LANE_VALUES[fmt])
+    shared = X is _SHARED["x"]
+    if shared and key in _SHARED["q"]:
+        return _SHARED["q"][key]
+    out = arranged(fmt, *_quantized(X, False)[:2]) if b32 else arranged(fmt, *_quantized(X, "k"))
+    if shared:
+        _SHARED["q"][key] = out
+    return out
+
+
 def mm_block_gemm(fmt, W, X, Y, int8: bool):
-    """Y = X @ Wᵀ over every row of W (the file's blocks of type ``fmt``) for many tokens: the
-    rows decoded once, in chunks, times all of X in float32 GEMMs (runtime.kernels.gemm). With
-    ``int8``, X first goes through the int8 kernel's activation blocks (the same rounding)."""
+    """Y = X @ Wᵀ over every row of W (the file's blocks of type ``fmt``) for many tokens. In
+    int8, kq_tiles.TILE_TYPES (Q4_K, Q5_K, Q6_K, Q8_0 (with VNNI), Q4_0, Q4_1, Q5_0, Q5_1) run integer register tiles
+    on their lane layout (runtime.kernels.kq_tiles: the one-token kernels' integer sums); the
+    other types, and every type under float, are decoded once, in chunks, and multiplied in
+    float32 GEMMs (runtime.kernels.gemm), X first rounded to the int8 kernel's activation blocks
+    under ``int8``."""
+    if int8 and tiled(fmt):
+        mm_tiles(fmt, W, _arranged(X, fmt), Y, gemm.CHUNK_VALUES)
+        return
     Xf = _dequantized(X, fmt) if int8 else X
     gemm_rows(W, Xf, Y, lambda Wc, out: decode_block_rows(fmt, Wc, out))
 

@@ -1,0 +1,428 @@
+"""Many tokens times a K-quant matrix in int8 (Q4_K, Q5_K, Q6_K × llama.cpp's Q8_K activations):
+the integer sums of the one-token kernels (runtime.kernels.kquants_int), computed as a
+matrix-matrix product in register tiles of 4 rows × 4 tokens.
+
+The one-token kernels unpack every super-block's nibbles and six-bit scales again for each token
+(about 45 instructions per row, super-block and token); at 8B dimensions that ran 50 G
+multiply-adds/s on this project's Xeon against llama.cpp's ~220 G. Here each weight chunk is
+unpacked once per matmul into a lane layout, and the product is then four integer dot
+instructions (vpdpbusd) per 256 values and pair (row, token), plus three float operations.
+
+The lane layout: a *unit* is 16 lanes of G values (G = 32 for Q4_K/Q5_K, whose sub-blocks of 32
+share a scale and a minimum: a unit is two super-blocks; G = 16 for Q6_K, whose groups of 16
+share a scale: a unit is one super-block). Lane l of a unit holds its G values in G/4 words of 4
+bytes, word j of every lane side by side in one 64-byte vector, so the vector j of a unit is
+(lane 0's values 4j..4j+3, lane 1's, ...). vpdpbusd of the weights' vector j with the
+activations' vector j (arranged the same way) adds each lane's four products into that lane's
+int32, so after the G/4 vectors lane l holds Σ q_w·q_x over its group, exact, and one
+multiply-add applies the group's scale in float:
+
+    y[r, t] = Σ_units Σ_l d_x(l)·(ws[r, l]·Σ q_w·q_x − c[r, l]·bsum_x(l))
+
+ws = d·sc (the group's scale; the stored quants are unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K
+0..63) and c the term that makes them signed or affine: dmin·m (Q4_K, Q5_K) or 32·d·sc (Q6_K,
+whose value is q − 32); bsum_x(l) the activations' sum over the group (Q8_K's group sums of 16,
+two of them for G = 32). Every inner sum is the integer one llama.cpp forms; what differs is
+the order of the float sums (to float32 rounding, as the float32 GEMM form of the other types).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from aios.quant import QK_K
+from runtime.kernels.blocks32 import B32_BYTES, QK
+from runtime.kernels.ir_helpers import (
+    FAST,
+    V16F,
+    V64I8,
+    array_data,
+    const,
+    hsum,
+    idot_u8s8,
+    int_dot_features,
+    ir_loop,
+    vload,
+)
+from runtime.kernels.kquants import (
+    KQ_BYTES,
+    Q4K_QS,
+    Q4K_SCALES,
+    Q5K_QH,
+    Q5K_QS,
+    Q6K_D,
+    Q6K_QH,
+    Q6K_SCALES,
+)
+
+KQ_TILES = ("q4_k", "q5_k", "q6_k")
+B32_TILES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # a lane per block (IQ4_NL: the float32 GEMM)
+TILE_TYPES = KQ_TILES + B32_TILES
+LANE_VALUES = {"q4_k": 32, "q5_k": 32, "q6_k": 16, **{t: 32 for t in B32_TILES}}  # G: values per lane (per scale)
+TILE_KIND = {t: i for i, t in enumerate(TILE_TYPES)}
+TILE_BYTES = {**KQ_BYTES, **B32_BYTES}  # bytes per (super-)block
+
+
+def tiled(fmt: str) -> bool:
+    """Whether ``fmt`` runs in the tiles on the CPU the kernels are compiled for. Q8_0's quants
+    plus 128 reach 255, whose pair sums overflow AVX2's pmaddubsw (16-bit, saturating): without
+    VNNI's vpdpbusd (32-bit sums) Q8_0 keeps the float32 GEMM."""
+    return fmt in TILE_TYPES and (fmt != "q8_0" or int_dot_features() in ("avx512vnni", "avxvnni", "generic"))
+LANES = 16
+RT = 4  # rows per tile
+TT = 4  # tokens per tile
+TOKEN_BLOCK = 64  # tokens whose activations stay in L2 while every row tile passes them
+
+
+def units(fmt: str, k: int) -> int:
+    """Units of the lane layout in a row of k values: 16 blocks of 32 (B32_TILES), two
+    super-blocks (Q4_K, Q5_K) or one (Q6_K); the last one padded with zeros."""
+    if fmt in B32_TILES:
+        return (k // QK + LANES - 1) // LANES
+    nsb = k // QK_K
+    return (nsb + 1) // 2 if LANE_VALUES[fmt] == 32 else nsb
+
+
+# --- the weights, unpacked once per matmul -------------------------------------------------------
+@njit(cache=True, inline="always")
+def _u32(p, o):  # the little-endian 32-bit word at byte o of the uint8 row p
+    return np.uint32(p[o]) | (np.uint32(p[o + 1]) << 8) | (np.uint32(p[o + 2]) << 16) | (np.uint32(p[o + 3]) << 24)
+
+
+@intrinsic
+def _half(typingctx, bits):
+    """The fp16 number whose bits are ``bits`` (uint16), as float32 (numba has no float16)."""
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@njit(cache=True, inline="always")
+def _f16(p, o):  # the little-endian fp16 at byte o of the uint8 row p
+    return _half(np.uint16(p[o]) | (np.uint16(p[o + 1]) << 8))
+
+
+@njit(parallel=True, cache=True)
+def unpack_rows(W, kind, bpb, nunits, Q, S, C):
+    """W (n, super-blocks · bpb bytes) of TILE_TYPES[kind] -> Q (n, nunits·16·G/4) uint32 words in the
+    lane layout, S and C (n, nunits·16) float32: each lane's scale and offset coefficient."""
+    n = W.shape[0]
+    g32 = kind != 2
+    nsb = W.shape[1] // bpb
+    words = 8 if g32 else 4  # words per lane
+    lo4 = np.uint32(0x0F0F0F0F)
+    for r in prange(n):
+        p = W[r]
+        q = Q[r]
+        for s in range(2 * nunits if g32 else nunits):
+            u = s // 2 if g32 else s
+            wbase = u * LANES * words
+            lbase = u * LANES
+            if s >= nsb:  # the zero super-block that pads an odd count
+                for sb in range(8):
+                    lane = 8 * (s % 2) + sb
+                    for w in range(words):
+                        q[wbase + w * LANES + lane] = 0
+                    S[r, lbase + lane] = 0.0
+                    C[r, lbase + lane] = 0.0
+                continue
+            o = s * bpb
+            if g32:
+                d, dmin = _f16(p, o), _f16(p, o + 2)
+                sc = p[o + Q4K_SCALES: o + Q4K_SCALES + 12]
+                for j in range(8):  # ggml's get_scale_min_k4
+                    if j < 4:
+                        scj, mj = np.int32(sc[j] & 63), np.int32(sc[j + 4] & 63)
+                    else:
+                        scj = np.int32((sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4))
+                        mj = np.int32((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4))
+                    lane = 8 * (s % 2) + j
+                    S[r, lbase + lane] = d * np.float32(scj)
+                    C[r, lbase + lane] = dmin * np.float32(mj)
+                qs = o + (Q5K_QS if kind == 1 else Q4K_QS)
+                for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high
+                    for w in range(8):
+                        x = _u32(p, qs + 32 * jj + 4 * w)
+                        lo, hi = x & lo4, (x >> 4) & lo4
+                        if kind == 1:  # Q5_K: bit j of qh[l] is value l's fifth bit in sub-block j
+                            h = _u32(p, o + Q5K_QH + 4 * w)
+                            lo |= ((h >> (2 * jj)) & np.uint32(0x01010101)) << 4
+                            hi |= ((h >> (2 * jj + 1)) & np.uint32(0x01010101)) << 4
+                        q[wbase + w * LANES + 8 * (s % 2) + 2 * jj] = lo
+                        q[wbase + w * LANES + 8 * (s % 2) + 2 * jj + 1] = hi
+            else:
+                d = _f16(p, o + Q6K_D)
+                for g in range(16):
+                    scg = np.float32(np.int8(p[o + Q6K_SCALES + g]))
+                    S[r, lbase + g] = d * scg
+                    C[r, lbase + g] = np.float32(32.0) * d * scg
+                two = np.uint32(0x03030303)
+                for nh in range(2):  # 128 values each: ql[64], qh[32]
+                    for w in range(8):  # values l = 4w .. 4w + 3 of each quarter
+                        a = _u32(p, o + 64 * nh + 4 * w)
+                        bq = _u32(p, o + 64 * nh + 32 + 4 * w)
+                        h = _u32(p, o + Q6K_QH + 32 * nh + 4 * w)
+                        wi = wbase + (w % 4) * LANES + 8 * nh + w // 4
+                        q[wi] = (a & lo4) | ((h & two) << 4)
+                        q[wi + 2] = (bq & lo4) | (((h >> 2) & two) << 4)
+                        q[wi + 4] = ((a >> 4) & lo4) | (((h >> 4) & two) << 4)
+                        q[wi + 6] = ((bq >> 4) & lo4) | (((h >> 6) & two) << 4)
+
+
+# --- the activations, arranged the same way --------------------------------------------------
+@njit(parallel=True, cache=True)
+def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):
+    """Q8_K activations (xq (T, k) int8, xd (T, k/256), xb (T, k/16) group sums) in the lane
+    layout: XQ (T, nunits·16·G/4) uint32 words, XD (T, nunits·16) each lane's d_x, XB each
+    lane's d_x·(its group's Σq_x)."""
+    T, k = xq.shape
+    nsb = k // QK_K
+    words = 8 if g32 else 4
+    for t in prange(T):
+        row = xq[t]
+        out = XQ[t]
+        for s in range(2 * nunits if g32 else nunits):
+            u = s // 2 if g32 else s
+            wbase = u * LANES * words
+            lbase = u * LANES
+            ngroups = 8 if g32 else 16
+            for g in range(ngroups):
+                lane = 8 * (s % 2) + g if g32 else g
+                if s >= nsb:
+                    for w in range(words):
+                        out[wbase + w * LANES + lane] = 0
+                    XD[t, lbase + lane] = 0.0
+                    XB[t, lbase + lane] = 0.0
+                    continue
+                v0 = s * QK_K + g * (4 * words)
+                for w in range(words):
+                    o = v0 + 4 * w
+                    out[wbase + w * LANES + lane] = (np.uint32(np.uint8(row[o])) | (np.uint32(np.uint8(row[o + 1])) << 8)
+                                                     | (np.uint32(np.uint8(row[o + 2])) << 16)
+                                                     | (np.uint32(np.uint8(row[o + 3])) << 24))
+                dx = xd[t, s]
+                bs = np.int32(xb[t, s * 16 + 2 * g]) + np.int32(xb[t, s * 16 + 2 * g + 1]) if g32 else np.int32(xb[t, s * 16 + g])
+                XD[t, lbase + lane] = dx
+                XB[t, lbase + lane] = dx * np.float32(bs)
+
+
+@njit(parallel=True, cache=True)
+def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C):
+    """``unpack_rows`` for the 32-value blocks (B32_TILES[kind − len(KQ_TILES)]): lane l of unit
+    u is block 16u + l, its quants unsigned (Q8_0's plus 128, Q4_0's and Q5_0's as stored), S
+    its d and C the term that makes them signed (128·d, 8·d, 16·d) or affine (−m: Q4_1, Q5_1)."""
+    n = W.shape[0]
+    nb = W.shape[1] // bpb
+    t = kind - len(KQ_TILES)  # 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1
+    lo4 = np.uint32(0x0F0F0F0F)
+    for r in prange(n):
+        p = W[r]
+        q = Q[r]
+        for bi in range(nunits * LANES):
+            wbase = (bi // LANES) * LANES * 8 + bi % LANES
+            if bi >= nb:
+                for w in range(8):
+                    q[wbase + w * LANES] = 0
+                S[r, bi] = 0.0
+                C[r, bi] = 0.0
+                continue
+            o = bi * bpb
+            d = _f16(p, o)
+            S[r, bi] = d
+            if t == 0:
+                C[r, bi] = np.float32(128.0) * d
+                for w in range(8):
+                    q[wbase + w * LANES] = _u32(p, o + 2 + 4 * w) ^ np.uint32(0x80808080)
+                continue
+            if t == 2 or t == 4:
+                C[r, bi] = -_f16(p, o + 2)
+            else:
+                C[r, bi] = np.float32(8.0 if t == 1 else 16.0) * d
+            qs = o + (2 if t == 1 else 4 if t == 2 else 6 if t == 3 else 8)
+            qh = _u32(p, o + (2 if t == 3 else 4)) if t >= 3 else np.uint32(0)
+            for w in range(8):
+                x = _u32(p, qs + 4 * (w % 4))
+                v = x & lo4 if w < 4 else (x >> 4) & lo4
+                if t >= 3:  # bit l of qh is value l's fifth bit
+                    h = qh >> (4 * w)
+                    v |= (((h & 1) << 4) | (((h >> 1) & 1) << 12) | (((h >> 2) & 1) << 20)
+                          | (((h >> 3) & 1) << 28))
+                q[wbase + w * LANES] = v
+
+
+@njit(parallel=True, cache=True)
+def arrange_x32(xq, xd, nunits, XQ, XD, XB):
+    """Q8_0 activations (xq (T, k) int8, xd (T, k/32) their fp16-rounded d) in the 32-value
+    blocks' lane layout: XQ words, XD each lane's d_x, XB d_x·Σq_x of its block."""
+    T, k = xq.shape
+    nb = k // QK
+    for t in prange(T):
+        row = xq[t]
+        out = XQ[t]
+        for bi in range(nunits * LANES):
+            wbase = (bi // LANES) * LANES * 8 + bi % LANES
+            if bi >= nb:
+                for w in range(8):
+                    out[wbase + w * LANES] = 0
+                XD[t, bi] = 0.0
+                XB[t, bi] = 0.0
+                continue
+            total = np.int32(0)
+            for w in range(8):
+                o = bi * QK + 4 * w
+                out[wbase + w * LANES] = (np.uint32(np.uint8(row[o])) | (np.uint32(np.uint8(row[o + 1])) << 8)
+                                          | (np.uint32(np.uint8(row[o + 2])) << 16)
+                                          | (np.uint32(np.uint8(row[o + 3])) << 24))
+                total += np.int32(row[o]) + np.int32(row[o + 1]) + np.int32(row[o + 2]) + np.int32(row[o + 3])
+            XD[t, bi] = xd[t, bi]
+            XB[t, bi] = xd[t, bi] * np.float32(total)
+
+
+# --- the register tile ---------------------------------------------------------------------------
+def _tile_codegen(words):
+    def codegen(context, builder, sig, args):
+        how = int_dot_features()
+        q, s, c, xq, xd, xb = (array_data(context, builder, sig.args[i], args[i]) for i in range(6))
+        rows, toks, nu = args[6:6 + RT], args[6 + RT:6 + RT + TT], args[6 + RT + TT]
+        ity = nu.type
+        qlen = builder.mul(nu, const(ity, LANES * words * 4))  # bytes per row of Q / XQ
+        slen = builder.mul(nu, const(ity, LANES))
+        i8p = ir.IntType(8).as_pointer()
+        qb = builder.bitcast(q, i8p)
+        xqb = builder.bitcast(xq, i8p)
+        wq = [builder.gep(qb, [builder.mul(r, qlen)]) for r in rows]
+        ws = [builder.gep(s, [builder.mul(r, slen)]) for r in rows]
+        wc = [builder.gep(c, [builder.mul(r, slen)]) for r in rows]
+        xqs = [builder.gep(xqb, [builder.mul(t, qlen)]) for t in toks]
+        xds = [builder.gep(xd, [builder.mul(t, slen)]) for t in toks]
+        xbs = [builder.gep(xb, [builder.mul(t, slen)]) for t in toks]
+        ST = ir.LiteralStructType([V16F] * (RT * TT))
+        init = ir.Constant(ST, [const(V16F, [0.0] * 16)] * (RT * TT))
+        vnni = how in ("avx512vnni", "avxvnni")
+
+        def body(u, accs):
+            qo = builder.mul(u, const(ity, LANES * words * 4))
+            so = builder.mul(u, const(ity, LANES))
+            # word j of every row and token, then the tile's RT·TT integer dots of it: each
+            # vector is loaded once per unit and dies after its TT (RT) uses, so the RT·TT int32
+            # sums and the float accumulators are what stays in registers
+            isum = [[None] * TT for _ in range(RT)]
+            for j in range(words):
+                off = builder.add(qo, const(ity, 64 * j))
+                wv = [vload(builder, wq[r], off, V64I8, 1) for r in range(RT)]
+                xv = [vload(builder, xqs[t], off, V64I8, 1) for t in range(TT)]
+                for r in range(RT):
+                    for t in range(TT):
+                        if vnni:
+                            isum[r][t] = idot_u8s8(builder, wv[r], xv[t], how, acc=isum[r][t])
+                        else:
+                            part = idot_u8s8(builder, wv[r], xv[t], how)
+                            isum[r][t] = part if isum[r][t] is None else builder.add(isum[r][t], part)
+            sr = [vload(builder, ws[r], so, V16F, 4) for r in range(RT)]
+            cr = [vload(builder, wc[r], so, V16F, 4) for r in range(RT)]
+            for t in range(TT):
+                dx = vload(builder, xds[t], so, V16F, 4)
+                bx = vload(builder, xbs[t], so, V16F, 4)
+                for r in range(RT):
+                    a = builder.extract_value(accs, r * TT + t)
+                    f = builder.fmul(builder.sitofp(isum[r][t], V16F), builder.fmul(sr[r], dx, flags=FAST), flags=FAST)
+                    a = builder.fadd(a, builder.fsub(f, builder.fmul(cr[r], bx, flags=FAST), flags=FAST), flags=FAST)
+                    accs = builder.insert_value(accs, a, r * TT + t)
+            return accs
+
+        accs = ir_loop(builder, nu, init, body)
+        out = [hsum(builder, builder.extract_value(accs, i)) for i in range(RT * TT)]
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return codegen
+
+
+def _tile(words):
+    gen = _tile_codegen(words)
+
+    def typer(typingctx, q, s, c, xq, xd, xb, r0, r1, r2, r3, t0, t1, t2, t3, nu):
+        return types.UniTuple(types.float32, RT * TT)(q, s, c, xq, xd, xb, r0, r1, r2, r3, t0, t1, t2, t3, nu), gen
+
+    typer.__name__ = f"kq_tile_{words}"
+    return intrinsic(typer)
+
+
+_tile8, _tile4 = _tile(8), _tile(4)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def tiles(Q, S, C, XQ, XD, XB, g32, nunits, Y, y0):
+    """Y[:, y0 + r] = the products of the lane-layout rows r of (Q, S, C) with every token of
+    (XQ, XD, XB), by 4 × 4 register tiles: token blocks of TOKEN_BLOCK, row tiles in parallel."""
+    n, T = Q.shape[0], XQ.shape[0]
+    for tb in range(0, T, TOKEN_BLOCK):
+        te = min(T, tb + TOKEN_BLOCK)
+        for g in prange((n + RT - 1) // RT):
+            r = RT * g
+            r0, r1, r2, r3 = r, min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
+            for t in range(tb, te, TT):
+                t0, t1, t2, t3 = t, min(t + 1, te - 1), min(t + 2, te - 1), min(t + 3, te - 1)
+                if g32:
+                    y = _tile8(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
+                else:
+                    y = _tile4(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
+                for i in range(RT):
+                    if r + i < n:
+                        for j in range(TT):
+                            if t + j < te:
+                                Y[t + j, y0 + r + i] = y[i * TT + j]
+
+
+
+# --- a whole matrix ---------------------------------------------------------------------------
+_BUFS: dict = {}  # reused buffers by name: fresh pages per matmul are page-faulted in each time
+
+
+def _buf(name: str, n: int, dtype) -> np.ndarray:
+    b = _BUFS.get(name)
+    if b is None or b.size < n or b.dtype != dtype:
+        b = _BUFS[name] = np.empty(n, dtype)
+    return b[:n]
+
+
+def arranged(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = None):
+    """The activations' int8 blocks in ``fmt``'s lane layout: (XQ, XD, XB); Q8_K blocks
+    (``quantize_activations_k``: xq, xd, xb) for the K-quants, Q8_0 blocks (xq, xd) for the
+    32-value types."""
+    T, k = xq.shape
+    nu = units(fmt, k)
+    words = LANE_VALUES[fmt] // 4
+    XQ = np.empty((T, nu * LANES * words), np.uint32)
+    XD = np.empty((T, nu * LANES), np.float32)
+    XB = np.empty((T, nu * LANES), np.float32)
+    if fmt in B32_TILES:
+        arrange_x32(xq, xd, nu, XQ, XD, XB)
+    else:
+        arrange_x(xq, xd, xb, LANE_VALUES[fmt] == 32, nu, XQ, XD, XB)
+    return XQ, XD, XB
+
+
+def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> None:
+    """Y (T, n) = the int8 products of every row of W (``fmt`` in TILE_TYPES, the file's bytes)
+    with the tokens ``xs`` (``arranged``), the rows unpacked in chunks of at most
+    ``chunk_values`` values (each chunk then meets every token)."""
+    XQ, XD, XB = xs
+    n = W.shape[0]
+    k = W.shape[1] // TILE_BYTES[fmt] * (QK if fmt in B32_TILES else QK_K)
+    nu = units(fmt, k)
+    words = LANE_VALUES[fmt] // 4
+    step = max(1, min(n, chunk_values // max(1, nu * LANES * LANE_VALUES[fmt])))
+    Q = _buf("q", step * nu * LANES * words, np.uint32).reshape(step, -1)
+    S = _buf("s", step * nu * LANES, np.float32).reshape(step, -1)
+    C = _buf("c", step * nu * LANES, np.float32).reshape(step, -1)
+    g32 = LANE_VALUES[fmt] == 32
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        m = r1 - r0
+        unpack = unpack_b32_rows if fmt in B32_TILES else unpack_rows
+        unpack(W[r0:r1], TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:m], S[:m], C[:m])
+        tiles(Q[:m], S[:m], C[:m], XQ, XD, XB, g32, nu, Y, r0)

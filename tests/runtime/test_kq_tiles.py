@@ -1,0 +1,169 @@
+"""The K-quants' integer register tiles (runtime.kernels.kq_tiles): the lane layout holds the
+file's values, the products equal the one-token int8 kernels' to float32 rounding, for odd
+super-block counts, ragged row and token counts and chunks of rows, on this CPU's integer dot
+and on AVX2's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime import kernels as K
+from runtime.kernels import dispatch, gemm, kq_tiles
+from runtime.kernels.quantize import quantize_activations_k
+from tests.runtime.quant_blocks import random_blocks
+
+RNG = np.random.default_rng(11)
+
+
+def _unpacked(fmt, W, k):
+    nu = kq_tiles.units(fmt, k)
+    words = kq_tiles.LANE_VALUES[fmt] // 4
+    n = W.shape[0]
+    Q = np.empty((n, nu * 16 * words), np.uint32)
+    S = np.empty((n, nu * 16), np.float32)
+    C = np.empty_like(S)
+    unpack = kq_tiles.unpack_b32_rows if fmt in kq_tiles.B32_TILES else kq_tiles.unpack_rows
+    unpack(W, kq_tiles.TILE_KIND[fmt], kq_tiles.TILE_BYTES[fmt], nu, Q, S, C)
+    return Q, S, C
+
+
+def _natural(fmt, lanes_words, k):
+    """(n, nu·16·G) bytes in the values' order from the lane layout's (n, nu·16·G/4) uint32
+    words (Q4_K/Q5_K: a padding super-block after an odd count)."""
+    G = kq_tiles.LANE_VALUES[fmt]
+    n = lanes_words.shape[0]
+    nu = kq_tiles.units(fmt, k)
+    b = lanes_words.view(np.uint8).reshape(n, nu, G // 4, 16, 4)  # unit, word j, lane, byte
+    # lane l: its G values in order; lanes in order are consecutive groups (G = 32: lane 8·s' + j
+    # of a unit is sub-block j of the unit's super-block s'; G = 16: group l of its super-block)
+    return b.transpose(0, 1, 3, 2, 4).reshape(n, -1)
+
+
+@pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
+def test_lane_layout_holds_the_files_values(fmt):
+    b32 = fmt in kq_tiles.B32_TILES
+    nsb = 21 if b32 else 3  # the last unit padded with zeros: 11 blocks of 32, a Q4_K/Q5_K super-block
+    W = random_blocks(fmt, 6, nsb, RNG)
+    k = (32 if b32 else 256) * nsb
+    Q, S, C = _unpacked(fmt, W, k)
+    G = kq_tiles.LANE_VALUES[fmt]
+    full = _natural(fmt, Q, k)
+    q = full[:, :k].astype(np.float64)
+    lanes = k // G
+    scale = np.repeat(S[:, :lanes].astype(np.float64), G, axis=1)
+    offset = np.repeat(C[:, :lanes].astype(np.float64), G, axis=1)
+    values = scale * q - offset
+    ref = K.decode_rows_at(fmt, W, np.arange(W.shape[0])).astype(np.float64)
+    np.testing.assert_allclose(values, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+    assert not full[:, k:].any()  # the padding is zero, scales included
+    assert (S[:, lanes:] == 0).all() and (C[:, lanes:] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
+def test_activations_arranged_as_the_weights(fmt):
+    b32 = fmt in kq_tiles.B32_TILES
+    k, T = 256 * 3, 5
+    X = RNG.standard_normal((T, k)).astype(np.float32)
+    if b32:
+        xq, xd, _ = K.quantize_activations(X)
+        XQ, XD, XB = kq_tiles.arranged(fmt, xq, xd)
+    else:
+        xq, xd, xb = quantize_activations_k(X)
+        XQ, XD, XB = kq_tiles.arranged(fmt, xq, xd, xb)
+    G = kq_tiles.LANE_VALUES[fmt]
+    assert (_natural(fmt, XQ, k)[:, :k].view(np.int8) == xq).all()
+    lanes = k // G
+    d = xd if b32 else np.repeat(xd, 256 // G, axis=1)
+    np.testing.assert_array_equal(XD[:, :lanes], d)
+    sums = xq.reshape(T, lanes, G).astype(np.int64).sum(axis=2)
+    np.testing.assert_allclose(XB[:, :lanes], d * sums, rtol=1e-7)
+
+
+@pytest.fixture
+def int8_gemm():
+    before = K.arithmetic()
+    K.set_arithmetic("int8")
+    yield
+    K.set_arithmetic(before)
+    K.set_batched_gemm(True)
+
+
+def _one_token_and_tiles(fmt, W, X):
+    out = []
+    for on in (False, True):
+        K.set_batched_gemm(on)
+        Y = np.full((X.shape[0], W.shape[0]), np.nan, np.float32)
+        K.mm_block_arith(fmt, W, X, None, Y)
+        out.append(Y.astype(np.float64))
+    return out
+
+
+@pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
+@pytest.mark.parametrize("nsb", [1, 3, 4])
+def test_tiles_equal_the_one_token_kernels(fmt, nsb, int8_gemm):
+    b32 = fmt in kq_tiles.B32_TILES
+    block = 32 if b32 else 256
+    nb = 5 * nsb + 1 if b32 else nsb  # 32-value types: 6, 16 and 21 blocks (units of 16, padded)
+    W = random_blocks(fmt, 39, nb, RNG)  # 39 rows: a ragged last tile of rows
+    T = gemm.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 2  # two token blocks, a ragged tile of tokens
+    X = RNG.standard_normal((T, block * nb)).astype(np.float32)
+    per_token, tiled = _one_token_and_tiles(fmt, W, X)
+    assert np.isfinite(tiled).all()
+    Wf = np.abs(K.decode_rows_at(fmt, W, np.arange(W.shape[0])).astype(np.float64))
+    Xq = np.abs(dispatch._dequantized(X, fmt).astype(np.float64))
+    # the affine types' minimum meets Q8_1's fp16-rounded block sum in the one-token kernel and
+    # d_x·Σq_x here (as in the float32 GEMM form): 2⁻¹¹ of that term
+    tol = 2e-3 if fmt in K.AFFINE_B32 else 1e-5
+    assert (np.abs(tiled - per_token) <= tol * (Xq @ Wf.T) + 1e-30).all()
+
+
+def test_chunks_of_rows_equal_one_chunk(monkeypatch, int8_gemm):  # the output head's chunks
+    W = random_blocks("q4_k", 50, 2, RNG)
+    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 512)).astype(np.float32)
+    whole = np.empty((X.shape[0], 50), np.float32)
+    K.mm_block_arith("q4_k", W, X, None, whole)
+    monkeypatch.setattr(gemm, "CHUNK_VALUES", 7 * 512)  # 7 rows a chunk: 8 chunks, the last of 1
+    chunked = np.empty_like(whole)
+    K.mm_block_arith("q4_k", W, X, None, chunked)
+    np.testing.assert_array_equal(chunked, whole)  # the same sums per output, in the same order
+
+
+_AVX2_CHECK = """
+import numpy as np
+from runtime import kernels as K
+from runtime.kernels import gemm
+from tests.runtime.quant_blocks import random_blocks
+assert K.int_dot_features() == "avx2", K.int_dot_features()
+rng = np.random.default_rng(0)
+K.set_arithmetic("int8")
+for fmt in ("q4_k", "q5_k", "q6_k", "q8_0", "q5_0", "q4_1"):
+    W = random_blocks(fmt, 9, 3 if fmt.endswith("_k") else 24, rng)
+    X = rng.standard_normal((gemm.GEMM_MIN_TOKENS + 1, 768)).astype(np.float32)
+    ys = []
+    for on in (False, True):
+        K.set_batched_gemm(on)
+        Y = np.empty((X.shape[0], 9), np.float32)
+        K.mm_block_arith(fmt, W, X, None, Y)
+        ys.append(Y)
+    assert np.allclose(ys[0], ys[1], rtol=1e-4, atol=3e-3 * np.abs(ys[0]).max()), fmt
+print("ok")
+"""
+
+
+def test_tiles_on_avx2(tmp_path):
+    """The tiles compiled for an AVX2 CPU (pmaddubsw + pmaddwd in place of vpdpbusd), run here."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llvmlite import binding
+
+    if not binding.get_host_cpu_features().get("avx2"):
+        pytest.skip("this CPU cannot run AVX2 code")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx2,+fma,+f16c,+bmi2",
+               NUMBA_CACHE_DIR=str(tmp_path), NUMBA_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", _AVX2_CHECK], check=False, env=env, cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
