@@ -20,7 +20,7 @@ from runtime.kernels.float_rows import (
 )
 from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.ir_helpers import int_dot_features
-from runtime.kernels.kq_tiles import B32_TILES, LANE_VALUES, arranged, mm_tiles, tiled
+from runtime.kernels.kq_tiles import B32_TILES, LANE_VALUES, SIGNED, arranged, mm_tiles, tiled
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
@@ -115,7 +115,7 @@ def _arranged(X, fmt):
     K-quants, Q8_0 for the 32-value types), shared like the blocks while ``share_input(X)``
     holds X."""
     b32 = fmt in B32_TILES
-    key = ("lanes", "b32" if b32 else LANE_VALUES[fmt])
+    key = ("lanes", "b32" + "s" * (fmt in SIGNED) if b32 else LANE_VALUES[fmt])
     shared = X is _SHARED["x"]
     if shared and key in _SHARED["q"]:
         return _SHARED["q"][key]

@@ -38,6 +38,7 @@ from runtime.kernels.blocks32 import B32_BYTES, QK
 from runtime.kernels.ir_helpers import (
     FAST,
     V16F,
+    V16I32,
     V64I8,
     array_data,
     const,
@@ -64,6 +65,8 @@ TILE_TYPES = KQ_TILES + B32_TILES
 LANE_VALUES = {"q4_k": 32, "q5_k": 32, "q6_k": 16, **{t: 32 for t in B32_TILES}}  # G: values per lane (per scale)
 TILE_KIND = {t: i for i, t in enumerate(TILE_TYPES)}
 TILE_BYTES = {**KQ_BYTES, **B32_BYTES}  # bytes per (super-)block
+# quants stored signed, activations plus 128 (no offset term in floats); the rest are affine
+SIGNED = frozenset({"q6_k", "q8_0", "q4_0", "q5_0"})
 
 
 def tiled(fmt: str) -> bool:
@@ -87,9 +90,19 @@ def units(fmt: str, k: int) -> int:
 
 
 # --- the weights, unpacked once per matmul -------------------------------------------------------
-@njit(cache=True, inline="always")
-def _u32(p, o):  # the little-endian 32-bit word at byte o of the uint8 row p
-    return np.uint32(p[o]) | (np.uint32(p[o + 1]) << 8) | (np.uint32(p[o + 2]) << 16) | (np.uint32(p[o + 3]) << 24)
+@intrinsic
+def _u32(typingctx, p, o):
+    """The little-endian 32-bit word at byte o of the uint8 row p: one unaligned load (the
+    blocks of 18, 22 or 34 bytes put words anywhere; four byte loads and shifts took 2x)."""
+    def codegen(context, builder, sig, args):
+        data = array_data(context, builder, sig.args[0], args[0])
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(32).as_pointer())
+        return builder.load(ptr, align=1)
+
+    return types.uint32(p, o), codegen
+
+
+_i8x4 = _u32  # the same load from an int8 row
 
 
 @intrinsic
@@ -106,10 +119,31 @@ def _f16(p, o):  # the little-endian fp16 at byte o of the uint8 row p
     return _half(np.uint16(p[o]) | (np.uint16(p[o + 1]) << 8))
 
 
+@njit(cache=True, inline="always")
+def _minus(x, off):
+    """The four unsigned bytes of x (each < 128) minus ``off`` (≤ 128) each, as signed bytes: the
+    high bits set first so that no byte borrows from the next."""
+    m = np.uint32(0x80808080)
+    return np.uint32((np.uint32(x) | m) - np.uint32(off * 0x01010101)) ^ m
+
+
+@njit(cache=True, inline="always")
+def _sbytes(x):  # the sum of the four signed bytes of x (as unsigned bytes plus 128, minus 512)
+    u = np.uint32(x) ^ np.uint32(0x80808080)
+    s = (u & np.uint32(0x00FF00FF)) + ((u >> np.uint32(8)) & np.uint32(0x00FF00FF))
+    return np.int32((s & np.uint32(0xFFFF)) + (s >> np.uint32(16))) - 512
+
+
+# bit i of a 4-bit value moved to bit 4 of byte i: Q5_0/Q5_1's fifth bits, four values at a time
+SPREAD4 = np.array([sum(((v >> i) & 1) << (8 * i + 4) for i in range(4)) for v in range(16)], np.uint32)
+
+
 @njit(parallel=True, cache=True)
-def unpack_rows(W, kind, bpb, nunits, Q, S, C):
+def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z):
     """W (n, super-blocks · bpb bytes) of TILE_TYPES[kind] -> Q (n, nunits·16·G/4) uint32 words in the
-    lane layout, S and C (n, nunits·16) float32: each lane's scale and offset coefficient."""
+    lane layout, S (n, nunits·16) float32 each lane's scale, and for the affine Q4_K/Q5_K C
+    (float32) each lane's minimum term dmin·m, for Q6_K (SIGNED: its quants stored as q − 32) Z
+    (int32, C's memory) each lane's −128·Σ(q − 32), the start of its integer sums."""
     n = W.shape[0]
     g32 = kind != 2
     nsb = W.shape[1] // bpb
@@ -157,31 +191,35 @@ def unpack_rows(W, kind, bpb, nunits, Q, S, C):
             else:
                 d = _f16(p, o + Q6K_D)
                 for g in range(16):
-                    scg = np.float32(np.int8(p[o + Q6K_SCALES + g]))
-                    S[r, lbase + g] = d * scg
-                    C[r, lbase + g] = np.float32(32.0) * d * scg
+                    S[r, lbase + g] = d * np.float32(np.int8(p[o + Q6K_SCALES + g]))
+                    Z[r, lbase + g] = 0
                 two = np.uint32(0x03030303)
                 for nh in range(2):  # 128 values each: ql[64], qh[32]
-                    for w in range(8):  # values l = 4w .. 4w + 3 of each quarter
-                        a = _u32(p, o + 64 * nh + 4 * w)
-                        bq = _u32(p, o + 64 * nh + 32 + 4 * w)
-                        h = _u32(p, o + Q6K_QH + 32 * nh + 4 * w)
-                        wi = wbase + (w % 4) * LANES + 8 * nh + w // 4
-                        q[wi] = (a & lo4) | ((h & two) << 4)
-                        q[wi + 2] = (bq & lo4) | (((h >> 2) & two) << 4)
-                        q[wi + 4] = ((a >> 4) & lo4) | (((h >> 4) & two) << 4)
-                        q[wi + 6] = ((bq >> 4) & lo4) | (((h >> 6) & two) << 4)
+                    for part in range(4):  # quarters: ql[0:32] low nibbles, ql[32:64] low, then high
+                        for half in range(2):  # values 0-15 of the quarter (lane 8nh + part·2), 16-31
+                            lane = 8 * nh + 2 * part + half
+                            total = np.int32(0)
+                            for w4 in range(4):
+                                w = 4 * half + w4
+                                src = _u32(p, o + 64 * nh + 32 * (part % 2) + 4 * w)
+                                h = _u32(p, o + Q6K_QH + 32 * nh + 4 * w)
+                                v = _minus(((src >> np.uint32(4 * (part // 2))) & lo4)
+                                           | (((h >> np.uint32(2 * part)) & two) << np.uint32(4)), 32)
+                                q[wbase + w4 * LANES + lane] = v
+                                total += _sbytes(v)
+                            Z[r, lbase + lane] = -128 * total
 
 
 # --- the activations, arranged the same way --------------------------------------------------
 @njit(parallel=True, cache=True)
-def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):
+def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):  # Q6_K (not g32): the quants plus 128
     """Q8_K activations (xq (T, k) int8, xd (T, k/256), xb (T, k/16) group sums) in the lane
     layout: XQ (T, nunits·16·G/4) uint32 words, XD (T, nunits·16) each lane's d_x, XB each
     lane's d_x·(its group's Σq_x)."""
     T, k = xq.shape
     nsb = k // QK_K
     words = 8 if g32 else 4
+    flip = np.uint32(0) if g32 else np.uint32(0x80808080)
     for t in prange(T):
         row = xq[t]
         out = XQ[t]
@@ -200,10 +238,7 @@ def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):
                     continue
                 v0 = s * QK_K + g * (4 * words)
                 for w in range(words):
-                    o = v0 + 4 * w
-                    out[wbase + w * LANES + lane] = (np.uint32(np.uint8(row[o])) | (np.uint32(np.uint8(row[o + 1])) << 8)
-                                                     | (np.uint32(np.uint8(row[o + 2])) << 16)
-                                                     | (np.uint32(np.uint8(row[o + 3])) << 24))
+                    out[wbase + w * LANES + lane] = _i8x4(row, v0 + 4 * w) ^ flip
                 dx = xd[t, s]
                 bs = np.int32(xb[t, s * 16 + 2 * g]) + np.int32(xb[t, s * 16 + 2 * g + 1]) if g32 else np.int32(xb[t, s * 16 + g])
                 XD[t, lbase + lane] = dx
@@ -211,10 +246,11 @@ def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):
 
 
 @njit(parallel=True, cache=True)
-def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C):
+def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z):
     """``unpack_rows`` for the 32-value blocks (B32_TILES[kind − len(KQ_TILES)]): lane l of unit
-    u is block 16u + l, its quants unsigned (Q8_0's plus 128, Q4_0's and Q5_0's as stored), S
-    its d and C the term that makes them signed (128·d, 8·d, 16·d) or affine (−m: Q4_1, Q5_1)."""
+    u is block 16u + l, S its d. Q8_0, Q4_0 and Q5_0 (SIGNED) store their signed quants (Q4_0's
+    minus 8, Q5_0's minus 16) and Z (int32, C's memory) −128·Σq per block; Q4_1 and Q5_1 their
+    unsigned quants and C the minimum term −m."""
     n = W.shape[0]
     nb = W.shape[1] // bpb
     t = kind - len(KQ_TILES)  # 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1
@@ -233,33 +269,39 @@ def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C):
             o = bi * bpb
             d = _f16(p, o)
             S[r, bi] = d
+            total = np.int32(0)
             if t == 0:
-                C[r, bi] = np.float32(128.0) * d
                 for w in range(8):
-                    q[wbase + w * LANES] = _u32(p, o + 2 + 4 * w) ^ np.uint32(0x80808080)
+                    v = _u32(p, o + 2 + 4 * w)
+                    q[wbase + w * LANES] = v
+                    total += _sbytes(v)
+                Z[r, bi] = -128 * total
                 continue
-            if t == 2 or t == 4:
-                C[r, bi] = -_f16(p, o + 2)
-            else:
-                C[r, bi] = np.float32(8.0 if t == 1 else 16.0) * d
             qs = o + (2 if t == 1 else 4 if t == 2 else 6 if t == 3 else 8)
             qh = _u32(p, o + (2 if t == 3 else 4)) if t >= 3 else np.uint32(0)
             for w in range(8):
                 x = _u32(p, qs + 4 * (w % 4))
-                v = x & lo4 if w < 4 else (x >> 4) & lo4
+                v = x & lo4 if w < 4 else (x >> np.uint32(4)) & lo4
                 if t >= 3:  # bit l of qh is value l's fifth bit
-                    h = qh >> (4 * w)
-                    v |= (((h & 1) << 4) | (((h >> 1) & 1) << 12) | (((h >> 2) & 1) << 20)
-                          | (((h >> 3) & 1) << 28))
+                    v |= SPREAD4[(qh >> np.uint32(4 * w)) & np.uint32(15)]
+                if t == 1 or t == 3:
+                    v = _minus(v, 8 if t == 1 else 16)
+                    total += _sbytes(v)
                 q[wbase + w * LANES] = v
+            if t == 1 or t == 3:
+                Z[r, bi] = -128 * total
+            else:
+                C[r, bi] = -_f16(p, o + 2)
 
 
 @njit(parallel=True, cache=True)
-def arrange_x32(xq, xd, nunits, XQ, XD, XB):
+def arrange_x32(xq, xd, signed, nunits, XQ, XD, XB):
     """Q8_0 activations (xq (T, k) int8, xd (T, k/32) their fp16-rounded d) in the 32-value
-    blocks' lane layout: XQ words, XD each lane's d_x, XB d_x·Σq_x of its block."""
+    blocks' lane layout: XQ words (plus 128 for the SIGNED weights), XD each lane's d_x, XB
+    d_x·Σq_x of its block."""
     T, k = xq.shape
     nb = k // QK
+    flip = np.uint32(0x80808080) if signed else np.uint32(0)
     for t in prange(T):
         row = xq[t]
         out = XQ[t]
@@ -273,17 +315,19 @@ def arrange_x32(xq, xd, nunits, XQ, XD, XB):
                 continue
             total = np.int32(0)
             for w in range(8):
-                o = bi * QK + 4 * w
-                out[wbase + w * LANES] = (np.uint32(np.uint8(row[o])) | (np.uint32(np.uint8(row[o + 1])) << 8)
-                                          | (np.uint32(np.uint8(row[o + 2])) << 16)
-                                          | (np.uint32(np.uint8(row[o + 3])) << 24))
-                total += np.int32(row[o]) + np.int32(row[o + 1]) + np.int32(row[o + 2]) + np.int32(row[o + 3])
+                v = _i8x4(row, bi * QK + 4 * w)
+                out[wbase + w * LANES] = v ^ flip
+                total += _sbytes(v)
             XD[t, bi] = xd[t, bi]
             XB[t, bi] = xd[t, bi] * np.float32(total)
 
 
 # --- the register tile ---------------------------------------------------------------------------
-def _tile_codegen(words):
+def _tile_codegen(words, signed):
+    """The 4 × 4 tile of G = 4·words values per lane. ``signed``: the weights' quants are signed
+    and the activations' unsigned (q_x + 128), each pair's integer sums start from the row's
+    −128·Σq_w (``c`` holds it as int32) and no offset term is left for the floats; otherwise
+    the weights' quants are unsigned, the activations signed, and c·(d_x·bsum) comes off."""
     def codegen(context, builder, sig, args):
         how = int_dot_features()
         q, s, c, xq, xd, xb = (array_data(context, builder, sig.args[i], args[i]) for i in range(6))
@@ -310,27 +354,34 @@ def _tile_codegen(words):
             # word j of every row and token, then the tile's RT·TT integer dots of it: each
             # vector is loaded once per unit and dies after its TT (RT) uses, so the RT·TT int32
             # sums and the float accumulators are what stays in registers
-            isum = [[None] * TT for _ in range(RT)]
+            if signed:
+                start = [builder.bitcast(vload(builder, wc[r], so, V16F, 4), V16I32) for r in range(RT)]
+                isum = [[start[r]] * TT for r in range(RT)]
+            else:
+                isum = [[None] * TT for _ in range(RT)]
             for j in range(words):
                 off = builder.add(qo, const(ity, 64 * j))
                 wv = [vload(builder, wq[r], off, V64I8, 1) for r in range(RT)]
                 xv = [vload(builder, xqs[t], off, V64I8, 1) for t in range(TT)]
                 for r in range(RT):
                     for t in range(TT):
+                        u8, s8 = (xv[t], wv[r]) if signed else (wv[r], xv[t])
                         if vnni:
-                            isum[r][t] = idot_u8s8(builder, wv[r], xv[t], how, acc=isum[r][t])
+                            isum[r][t] = idot_u8s8(builder, u8, s8, how, acc=isum[r][t])
                         else:
-                            part = idot_u8s8(builder, wv[r], xv[t], how)
+                            part = idot_u8s8(builder, u8, s8, how)
                             isum[r][t] = part if isum[r][t] is None else builder.add(isum[r][t], part)
             sr = [vload(builder, ws[r], so, V16F, 4) for r in range(RT)]
-            cr = [vload(builder, wc[r], so, V16F, 4) for r in range(RT)]
+            cr = None if signed else [vload(builder, wc[r], so, V16F, 4) for r in range(RT)]
             for t in range(TT):
                 dx = vload(builder, xds[t], so, V16F, 4)
-                bx = vload(builder, xbs[t], so, V16F, 4)
+                bx = None if signed else vload(builder, xbs[t], so, V16F, 4)
                 for r in range(RT):
                     a = builder.extract_value(accs, r * TT + t)
-                    f = builder.fmul(builder.sitofp(isum[r][t], V16F), builder.fmul(sr[r], dx, flags=FAST), flags=FAST)
-                    a = builder.fadd(a, builder.fsub(f, builder.fmul(cr[r], bx, flags=FAST), flags=FAST), flags=FAST)
+                    a = builder.fadd(a, builder.fmul(builder.sitofp(isum[r][t], V16F), builder.fmul(sr[r], dx, flags=FAST),
+                                                     flags=FAST), flags=FAST)
+                    if not signed:
+                        a = builder.fsub(a, builder.fmul(cr[r], bx, flags=FAST), flags=FAST)
                     accs = builder.insert_value(accs, a, r * TT + t)
             return accs
 
@@ -341,21 +392,21 @@ def _tile_codegen(words):
     return codegen
 
 
-def _tile(words):
-    gen = _tile_codegen(words)
+def _tile(words, signed):
+    gen = _tile_codegen(words, signed)
 
     def typer(typingctx, q, s, c, xq, xd, xb, r0, r1, r2, r3, t0, t1, t2, t3, nu):
         return types.UniTuple(types.float32, RT * TT)(q, s, c, xq, xd, xb, r0, r1, r2, r3, t0, t1, t2, t3, nu), gen
 
-    typer.__name__ = f"kq_tile_{words}"
+    typer.__name__ = f"kq_tile_{words}{'s' if signed else ''}"
     return intrinsic(typer)
 
 
-_tile8, _tile4 = _tile(8), _tile(4)
+_tile8, _tile8s, _tile4s = _tile(8, False), _tile(8, True), _tile(4, True)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def tiles(Q, S, C, XQ, XD, XB, g32, nunits, Y, y0):
+def tiles(Q, S, C, XQ, XD, XB, g32, signed, nunits, Y, y0):
     """Y[:, y0 + r] = the products of the lane-layout rows r of (Q, S, C) with every token of
     (XQ, XD, XB), by 4 × 4 register tiles: token blocks of TOKEN_BLOCK, row tiles in parallel."""
     n, T = Q.shape[0], XQ.shape[0]
@@ -366,10 +417,12 @@ def tiles(Q, S, C, XQ, XD, XB, g32, nunits, Y, y0):
             r0, r1, r2, r3 = r, min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
             for t in range(tb, te, TT):
                 t0, t1, t2, t3 = t, min(t + 1, te - 1), min(t + 2, te - 1), min(t + 3, te - 1)
-                if g32:
-                    y = _tile8(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
+                if not g32:
+                    y = _tile4s(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
+                elif signed:
+                    y = _tile8s(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
                 else:
-                    y = _tile4(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
+                    y = _tile8(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
                 for i in range(RT):
                     if r + i < n:
                         for j in range(TT):
@@ -400,7 +453,7 @@ def arranged(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = N
     XD = np.empty((T, nu * LANES), np.float32)
     XB = np.empty((T, nu * LANES), np.float32)
     if fmt in B32_TILES:
-        arrange_x32(xq, xd, nu, XQ, XD, XB)
+        arrange_x32(xq, xd, fmt in SIGNED, nu, XQ, XD, XB)
     else:
         arrange_x(xq, xd, xb, LANE_VALUES[fmt] == 32, nu, XQ, XD, XB)
     return XQ, XD, XB
@@ -424,5 +477,5 @@ def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> N
         r1 = min(n, r0 + step)
         m = r1 - r0
         unpack = unpack_b32_rows if fmt in B32_TILES else unpack_rows
-        unpack(W[r0:r1], TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:m], S[:m], C[:m])
-        tiles(Q[:m], S[:m], C[:m], XQ, XD, XB, g32, nu, Y, r0)
+        unpack(W[r0:r1], TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:m], S[:m], C[:m], C[:m].view(np.int32))
+        tiles(Q[:m], S[:m], C[:m], XQ, XD, XB, g32, fmt in SIGNED, nu, Y, r0)

@@ -24,7 +24,7 @@ def _unpacked(fmt, W, k):
     S = np.empty((n, nu * 16), np.float32)
     C = np.empty_like(S)
     unpack = kq_tiles.unpack_b32_rows if fmt in kq_tiles.B32_TILES else kq_tiles.unpack_rows
-    unpack(W, kq_tiles.TILE_KIND[fmt], kq_tiles.TILE_BYTES[fmt], nu, Q, S, C)
+    unpack(W, kq_tiles.TILE_KIND[fmt], kq_tiles.TILE_BYTES[fmt], nu, Q, S, C, C.view(np.int32))
     return Q, S, C
 
 
@@ -49,12 +49,16 @@ def test_lane_layout_holds_the_files_values(fmt):
     Q, S, C = _unpacked(fmt, W, k)
     G = kq_tiles.LANE_VALUES[fmt]
     full = _natural(fmt, Q, k)
-    q = full[:, :k].astype(np.float64)
+    signed = fmt in kq_tiles.SIGNED
+    q = (full[:, :k].view(np.int8) if signed else full[:, :k]).astype(np.float64)
     lanes = k // G
     scale = np.repeat(S[:, :lanes].astype(np.float64), G, axis=1)
-    offset = np.repeat(C[:, :lanes].astype(np.float64), G, axis=1)
-    values = scale * q - offset
     ref = K.decode_rows_at(fmt, W, np.arange(W.shape[0])).astype(np.float64)
+    if signed:  # the quants as they are signed; each lane's integer sums start at −128·Σq
+        values = scale * q
+        np.testing.assert_array_equal(C.view(np.int32)[:, :lanes], -128 * q.reshape(6, lanes, G).sum(axis=2))
+    else:
+        values = scale * q - np.repeat(C[:, :lanes].astype(np.float64), G, axis=1)
     np.testing.assert_allclose(values, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
     assert not full[:, k:].any()  # the padding is zero, scales included
     assert (S[:, lanes:] == 0).all() and (C[:, lanes:] == 0).all()
@@ -72,7 +76,10 @@ def test_activations_arranged_as_the_weights(fmt):
         xq, xd, xb = quantize_activations_k(X)
         XQ, XD, XB = kq_tiles.arranged(fmt, xq, xd, xb)
     G = kq_tiles.LANE_VALUES[fmt]
-    assert (_natural(fmt, XQ, k)[:, :k].view(np.int8) == xq).all()
+    got = _natural(fmt, XQ, k)[:, :k]
+    if fmt in kq_tiles.SIGNED:  # plus 128, unsigned: the weights' quants are the signed operand
+        got = got ^ np.uint8(128)
+    assert (got.view(np.int8) == xq).all()
     lanes = k // G
     d = xd if b32 else np.repeat(xd, 256 // G, axis=1)
     np.testing.assert_array_equal(XD[:, :lanes], d)
