@@ -77,7 +77,9 @@ def tiled(fmt: str) -> bool:
 LANES = 16
 RT = 4  # rows per tile
 TT = 4  # tokens per tile
-TOKEN_BLOCK = 64  # tokens whose activations stay in L2 while every row tile passes them
+TOKEN_BLOCK = 64  # tokens whose activations stay in L2 while every row tile passes them, at most
+TOKEN_BLOCK_BYTES = 1 << 18  # and at most this many bytes of their quants (L2 holds the block)
+SLAB_VALUES = 4096  # values of a row per slab: four rows' (16 KB of quants) stay in L1
 
 
 def units(fmt: str, k: int) -> int:
@@ -331,7 +333,9 @@ def _tile_codegen(words, signed):
     def codegen(context, builder, sig, args):
         how = int_dot_features()
         q, s, c, xq, xd, xb = (array_data(context, builder, sig.args[i], args[i]) for i in range(6))
-        rows, toks, nu = args[6:6 + RT], args[6 + RT:6 + RT + TT], args[6 + RT + TT]
+        r0, t0, nu, u0, u1 = args[6:11]  # the tile's first row and token; the slab's units
+        rows = [builder.add(r0, const(r0.type, i)) for i in range(RT)]  # consecutive (padded to 4)
+        toks = [builder.add(t0, const(t0.type, i)) for i in range(TT)]
         ity = nu.type
         qlen = builder.mul(nu, const(ity, LANES * words * 4))  # bytes per row of Q / XQ
         slen = builder.mul(nu, const(ity, LANES))
@@ -353,7 +357,8 @@ def _tile_codegen(words, signed):
             so = builder.mul(u, const(ity, LANES))
             # word j of every row and token, then the tile's RT·TT integer dots of it: each
             # vector is loaded once per unit and dies after its TT (RT) uses, so the RT·TT int32
-            # sums and the float accumulators are what stays in registers
+            # sums and the float accumulators are what stays in registers (two tokens at a time,
+            # fewer registers, spilled more in numba's asm)
             if signed:
                 start = [builder.bitcast(vload(builder, wc[r], so, V16F, 4), V16I32) for r in range(RT)]
                 isum = [[start[r]] * TT for r in range(RT)]
@@ -385,7 +390,7 @@ def _tile_codegen(words, signed):
                     accs = builder.insert_value(accs, a, r * TT + t)
             return accs
 
-        accs = ir_loop(builder, nu, init, body)
+        accs = ir_loop(builder, u1, init, body, start=u0)
         out = [hsum(builder, builder.extract_value(accs, i)) for i in range(RT * TT)]
         return context.make_tuple(builder, sig.return_type, out)
 
@@ -395,8 +400,8 @@ def _tile_codegen(words, signed):
 def _tile(words, signed):
     gen = _tile_codegen(words, signed)
 
-    def typer(typingctx, q, s, c, xq, xd, xb, r0, r1, r2, r3, t0, t1, t2, t3, nu):
-        return types.UniTuple(types.float32, RT * TT)(q, s, c, xq, xd, xb, r0, r1, r2, r3, t0, t1, t2, t3, nu), gen
+    def typer(typingctx, q, s, c, xq, xd, xb, r0, t0, nu, u0, u1):
+        return types.UniTuple(types.float32, RT * TT)(q, s, c, xq, xd, xb, r0, t0, nu, u0, u1), gen
 
     typer.__name__ = f"kq_tile_{words}{'s' if signed else ''}"
     return intrinsic(typer)
@@ -406,29 +411,34 @@ _tile8, _tile8s, _tile4s = _tile(8, False), _tile(8, True), _tile(4, True)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def tiles(Q, S, C, XQ, XD, XB, g32, signed, nunits, Y, y0):
-    """Y[:, y0 + r] = the products of the lane-layout rows r of (Q, S, C) with every token of
-    (XQ, XD, XB), by 4 × 4 register tiles: token blocks of TOKEN_BLOCK, row tiles in parallel."""
-    n, T = Q.shape[0], XQ.shape[0]
-    for tb in range(0, T, TOKEN_BLOCK):
-        te = min(T, tb + TOKEN_BLOCK)
+def tiles(Q, S, C, XQ, XD, XB, g32, signed, nunits, n, T, tblock, Y, y0):
+    """Y[:T, y0 + r] = the products of the lane-layout rows r < n of (Q, S, C) with the tokens of
+    (XQ, XD, XB), by 4 × 4 register tiles (rows and tokens padded with zeros to multiples of 4):
+    token blocks of ``tblock`` (their activations stay in L2), row tiles in parallel, each row
+    tile's units in slabs of about SLAB_VALUES values (four rows' slab stays in L1 while the
+    block's tokens pass it)."""
+    slab = max(1, SLAB_VALUES // (LANES * (32 if g32 else 16)))
+    for tb in range(0, T, tblock):
+        te = min(T, tb + tblock)
         for g in prange((n + RT - 1) // RT):
             r = RT * g
-            r0, r1, r2, r3 = r, min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
-            for t in range(tb, te, TT):
-                t0, t1, t2, t3 = t, min(t + 1, te - 1), min(t + 2, te - 1), min(t + 3, te - 1)
-                if not g32:
-                    y = _tile4s(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
-                elif signed:
-                    y = _tile8s(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
-                else:
-                    y = _tile8(Q, S, C, XQ, XD, XB, r0, r1, r2, r3, t0, t1, t2, t3, nunits)
-                for i in range(RT):
-                    if r + i < n:
-                        for j in range(TT):
-                            if t + j < te:
-                                Y[t + j, y0 + r + i] = y[i * TT + j]
-
+            for u0 in range(0, nunits, slab):
+                u1 = min(nunits, u0 + slab)
+                for t in range(tb, te, TT):
+                    if not g32:
+                        y = _tile4s(Q, S, C, XQ, XD, XB, r, t, nunits, u0, u1)
+                    elif signed:
+                        y = _tile8s(Q, S, C, XQ, XD, XB, r, t, nunits, u0, u1)
+                    else:
+                        y = _tile8(Q, S, C, XQ, XD, XB, r, t, nunits, u0, u1)
+                    for i in range(RT):
+                        if r + i < n:
+                            for j in range(TT):
+                                if t + j < te:
+                                    if u0 == 0:
+                                        Y[t + j, y0 + r + i] = y[i * TT + j]
+                                    else:
+                                        Y[t + j, y0 + r + i] += y[i * TT + j]
 
 
 # --- a whole matrix ---------------------------------------------------------------------------
@@ -449,13 +459,16 @@ def arranged(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = N
     T, k = xq.shape
     nu = units(fmt, k)
     words = LANE_VALUES[fmt] // 4
-    XQ = np.empty((T, nu * LANES * words), np.uint32)
-    XD = np.empty((T, nu * LANES), np.float32)
-    XB = np.empty((T, nu * LANES), np.float32)
+    Tp = -(-T // TT) * TT  # tokens padded with zeros to whole tiles
+    XQ = np.empty((Tp, nu * LANES * words), np.uint32)
+    XD = np.empty((Tp, nu * LANES), np.float32)
+    XB = np.empty((Tp, nu * LANES), np.float32)
+    for a in (XQ, XD, XB):
+        a[T:] = 0
     if fmt in B32_TILES:
-        arrange_x32(xq, xd, fmt in SIGNED, nu, XQ, XD, XB)
+        arrange_x32(xq, xd, fmt in SIGNED, nu, XQ[:T], XD[:T], XB[:T])
     else:
-        arrange_x(xq, xd, xb, LANE_VALUES[fmt] == 32, nu, XQ, XD, XB)
+        arrange_x(xq, xd, xb, LANE_VALUES[fmt] == 32, nu, XQ[:T], XD[:T], XB[:T])
     return XQ, XD, XB
 
 
@@ -464,18 +477,24 @@ def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> N
     with the tokens ``xs`` (``arranged``), the rows unpacked in chunks of at most
     ``chunk_values`` values (each chunk then meets every token)."""
     XQ, XD, XB = xs
+    T = Y.shape[0]
     n = W.shape[0]
     k = W.shape[1] // TILE_BYTES[fmt] * (QK if fmt in B32_TILES else QK_K)
     nu = units(fmt, k)
     words = LANE_VALUES[fmt] // 4
-    step = max(1, min(n, chunk_values // max(1, nu * LANES * LANE_VALUES[fmt])))
-    Q = _buf("q", step * nu * LANES * words, np.uint32).reshape(step, -1)
-    S = _buf("s", step * nu * LANES, np.float32).reshape(step, -1)
-    C = _buf("c", step * nu * LANES, np.float32).reshape(step, -1)
+    step = max(RT, min(n, chunk_values // max(1, nu * LANES * LANE_VALUES[fmt])) // RT * RT)
+    rows = step + RT  # whole tiles, the last one's padding rows zero
+    Q = _buf("q", rows * nu * LANES * words, np.uint32).reshape(rows, -1)
+    S = _buf("s", rows * nu * LANES, np.float32).reshape(rows, -1)
+    C = _buf("c", rows * nu * LANES, np.float32).reshape(rows, -1)
     g32 = LANE_VALUES[fmt] == 32
+    tblock = max(TT, min(TOKEN_BLOCK, TOKEN_BLOCK_BYTES // (4 * XQ.shape[1])) // TT * TT)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         m = r1 - r0
         unpack = unpack_b32_rows if fmt in B32_TILES else unpack_rows
         unpack(W[r0:r1], TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:m], S[:m], C[:m], C[:m].view(np.int32))
-        tiles(Q[:m], S[:m], C[:m], XQ, XD, XB, g32, fmt in SIGNED, nu, Y, r0)
+        mp = -(-m // RT) * RT
+        for a in (Q, S, C):
+            a[m:mp] = 0
+        tiles(Q, S, C, XQ, XD, XB, g32, fmt in SIGNED, nu, m, T, tblock, Y, r0)

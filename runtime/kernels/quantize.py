@@ -12,31 +12,50 @@ from aios.quant import QK_K
 from runtime.kernels.blocks32 import QK
 from runtime.kernels.ir_helpers import F32, HALF
 
+MANY_TOKENS = 8  # tokens from which the activations are quantized on all threads
+
+
+# no NaN/inf/signed-zero care, so the maxima and sums vectorize; no reassociation, contraction or
+# reciprocal, so every product and quotient rounds as written (what ggml computes, tested bit for bit)
+_EXACT_MAX = {"nnan", "ninf", "nsz"}
+
+
+@njit(fastmath=_EXACT_MAX, cache=True)
+def _q8_row(x, xq, xd, xs):
+    """One row of ``quantize_q8``."""
+    for b in range(xd.shape[0]):
+        o = b * QK
+        amax = np.float32(0.0)
+        for i in range(QK):
+            amax = max(amax, abs(x[o + i]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        s = 0
+        for i in range(QK):
+            q = np.int32(np.rint(x[o + i] * inv))
+            xq[o + i] = q
+            s += q
+        xd[b] = d
+        xs[b] = np.float32(s)
+
 
 @njit(cache=True)
 def quantize_q8(X, xq, xd, xs):
     """Each row of X (T, k) as int8 blocks of QK: xq (T, k) int8, xd (T, k/QK) the scales d in
     float32, xs (T, k/QK) the quants' sums Σq. As ggml's x86 quantize_row_q8_0/q8_1 (AVX): d =
     max|x|/127, q = round half to even of x·(127/max|x|) (0 for an all-zero block); the fp16
-    roundings ggml stores are ``quantize_activations``'s. No fastmath: the products stay as
-    written, so numpy can repeat them."""
-    T, k = X.shape
-    nb = k // QK
-    for t in range(T):  # one thread: O(k) per token against the matmul's O(n·k)
-        for b in range(nb):
-            o = b * QK
-            amax = np.float32(0.0)
-            for i in range(QK):
-                amax = max(amax, abs(X[t, o + i]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-            s = 0
-            for i in range(QK):
-                q = np.int32(np.rint(X[t, o + i] * inv))
-                xq[t, o + i] = q
-                s += q
-            xd[t, b] = d
-            xs[t, b] = np.float32(s)
+    roundings ggml stores are ``quantize_activations``'s. Fastmath only as _EXACT_MAX allows:
+    the products stay as written, so numpy can repeat them. One thread (decode's one token);
+    ``quantize_q8_rows`` spreads many tokens over the threads."""
+    for t in range(X.shape[0]):
+        _q8_row(X[t], xq[t], xd[t], xs[t])
+
+
+@njit(parallel=True, cache=True)
+def quantize_q8_rows(X, xq, xd, xs):
+    """``quantize_q8`` with the tokens spread over the threads (a prompt's)."""
+    for t in prange(X.shape[0]):
+        _q8_row(X[t], xq[t], xd[t], xs[t])
 
 
 @njit(cache=True)
@@ -48,7 +67,10 @@ def _quantize_q8_blocks(X):
     xq = np.empty((T, k), np.int8)
     xd = np.empty((T, k // QK), np.float32)
     xs = np.empty((T, k // QK), np.float32)
-    quantize_q8(X, xq, xd, xs)
+    if T >= MANY_TOKENS:
+        quantize_q8_rows(X, xq, xd, xs)
+    else:
+        quantize_q8(X, xq, xd, xs)
     return xq, xd, xs
 
 
@@ -87,42 +109,48 @@ def quantize_activations(X, affine: bool = False):
     return quantize_q8_blocks(X, affine)
 
 
+@njit(fastmath=_EXACT_MAX, cache=True)
+def _q8_k_row(x, xq, xd, xb):
+    """One row of ``quantize_q8_k``."""
+    for b in range(xd.shape[0]):
+        o = b * QK_K
+        amax = np.float32(0.0)
+        for i in range(QK_K):
+            amax = max(amax, abs(x[o + i]))
+        if amax == 0:
+            for i in range(QK_K):
+                xq[o + i] = 0
+            for g in range(QK_K // 16):
+                xb[b * (QK_K // 16) + g] = 0
+            xd[b] = np.float32(0.0)
+            continue
+        mx = np.float32(0.0)
+        for i in range(QK_K):  # the first value of that magnitude, as ggml's strict > keeps it
+            if abs(x[o + i]) == amax:
+                mx = x[o + i]
+                break
+        iscale = np.float32(-127.0) / mx
+        for g in range(QK_K // 16):
+            s = 0
+            for i in range(16):
+                q = min(127, np.int32(np.rint(iscale * x[o + 16 * g + i])))
+                xq[o + 16 * g + i] = q
+                s += q
+            xb[b * (QK_K // 16) + g] = s
+        xd[b] = np.float32(1.0) / iscale
+
+
 @njit(parallel=True, cache=True)
 def quantize_q8_k(X, xq, xd, xb):
     """Each row of X (T, k) as ggml's block_q8_K (quantize_row_q8_K reference): per block of
     QK_K, ``max`` the value of largest magnitude (the first one on ties), iscale = −127/max,
     q = nearest_int(iscale·x) (round half to even, as ggml's 1.5·2²³ trick), at most 127,
     d = 1/iscale (negative when max > 0; d·q is x's rounding either way), an all-zero block
-    d = 0 and quants 0; xb (T, k/16) int16: the sum of each 16 quants. No fastmath, so numpy
+    d = 0 and quants 0; xb (T, k/16) int16: the sum of each 16 quants. Fastmath only as
+    _EXACT_MAX allows (the maximum found in vector lanes, then its first position), so numpy
     can repeat it bit for bit."""
-    T, k = X.shape
-    nb = k // QK_K
-    for t in prange(T):  # one token per thread step (a prompt's tokens; decode's one runs alone)
-        for b in range(nb):
-            o = b * QK_K
-            amax = np.float32(0.0)
-            mx = np.float32(0.0)
-            for i in range(QK_K):
-                ax = abs(X[t, o + i])
-                if ax > amax:
-                    amax = ax
-                    mx = X[t, o + i]
-            if amax == 0:
-                for i in range(QK_K):
-                    xq[t, o + i] = 0
-                for g in range(QK_K // 16):
-                    xb[t, b * (QK_K // 16) + g] = 0
-                xd[t, b] = np.float32(0.0)
-                continue
-            iscale = np.float32(-127.0) / mx
-            for g in range(QK_K // 16):
-                s = 0
-                for i in range(16):
-                    q = min(127, np.int32(np.rint(iscale * X[t, o + 16 * g + i])))
-                    xq[t, o + 16 * g + i] = q
-                    s += q
-                xb[t, b * (QK_K // 16) + g] = s
-            xd[t, b] = np.float32(1.0) / iscale
+    for t in prange(X.shape[0]):  # one token per thread step (a prompt's tokens; decode's one runs alone)
+        _q8_k_row(X[t], xq[t], xd[t], xb[t])
 
 
 @njit(cache=True)

@@ -76,6 +76,8 @@ def test_activations_arranged_as_the_weights(fmt):
         xq, xd, xb = quantize_activations_k(X)
         XQ, XD, XB = kq_tiles.arranged(fmt, xq, xd, xb)
     G = kq_tiles.LANE_VALUES[fmt]
+    assert XQ.shape[0] == 8 and not XQ[T:].any() and not XD[T:].any()  # zero tokens to a whole tile
+    XQ, XD, XB = XQ[:T], XD[:T], XB[:T]
     got = _natural(fmt, XQ, k)[:, :k]
     if fmt in kq_tiles.SIGNED:  # plus 128, unsigned: the weights' quants are the signed operand
         got = got ^ np.uint8(128)
