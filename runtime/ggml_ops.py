@@ -213,25 +213,42 @@ def add_rms_norm(x, y, w, eps):
 
 
 @njit(cache=True)
-def rope(x, positions, theta_scale, freq_factors, neox):
-    """x (T, H, hd) f32 rotated in place on its first 2·len(freq_factors) dims; positions int64."""
-    T, H, _ = x.shape
+def rope_tables(positions, theta_scale, freq_factors):
+    """(cos, sin) (T, half) float32 of each position's angles, as ggml's rope cache computes them
+    (theta = position, times theta_scale per pair; cosf / sinf of theta / freq_factor)."""
+    T = positions.shape[0]
     half = freq_factors.shape[0]
-    cos = np.empty(half, F32)
-    sin = np.empty(half, F32)
+    cos = np.empty((T, half), F32)
+    sin = np.empty((T, half), F32)
     for t in range(T):
         theta = F32(positions[t])
         for i in range(half):
             th = theta / freq_factors[i]
-            cos[i] = math.cos(th)  # float32 in: LLVM calls cosf / sinf
-            sin[i] = math.sin(th)
+            cos[t, i] = math.cos(th)  # float32 in: LLVM calls cosf / sinf
+            sin[t, i] = math.sin(th)
             theta = theta * theta_scale
+    return cos, sin
+
+
+@njit(cache=True)
+def rope_with(x, cos, sin, neox):
+    """x (T, H, hd) rotated in place by ``rope_tables``' angles."""
+    T, H, _ = x.shape
+    half = cos.shape[1]
+    for t in range(T):
         for h in range(H):
             for i in range(half):
                 ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
                 x0, x1 = x[t, h, ia], x[t, h, ib]
-                x[t, h, ia] = fma32(x0, cos[i], -(x1 * sin[i]))
-                x[t, h, ib] = fma32(x0, sin[i], x1 * cos[i])
+                x[t, h, ia] = fma32(x0, cos[t, i], -(x1 * sin[t, i]))
+                x[t, h, ib] = fma32(x0, sin[t, i], x1 * cos[t, i])
+
+
+@njit(cache=True)
+def rope(x, positions, theta_scale, freq_factors, neox):
+    """x (T, H, hd) f32 rotated in place on its first 2·len(freq_factors) dims; positions int64."""
+    cos, sin = rope_tables(positions, theta_scale, freq_factors)
+    rope_with(x, cos, sin, neox)
 
 
 @njit(cache=True)
@@ -258,8 +275,9 @@ def attention_inputs(q, k, v, qn, kn, eps, positions, theta_scale, freq_factors,
     if kn.shape[0]:
         kc = rms_norm(kc.reshape(T * Hkv, hd), kn, eps).reshape(T, Hkv, hd)
     if rotate:
-        rope(qc, positions, theta_scale, freq_factors, neox)
-        rope(kc, positions, theta_scale, freq_factors, neox)
+        cos, sin = rope_tables(positions, theta_scale, freq_factors)  # once for q and k
+        rope_with(qc, cos, sin, neox)
+        rope_with(kc, cos, sin, neox)
     if prescale != F32(1.0):
         for t in range(T):
             for h in range(Hq):

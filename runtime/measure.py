@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from aios.measure.ffn import FfnActivity
 from runtime import attention_gemm
@@ -59,10 +60,9 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
     stats = FfnActivity(hp.n_layers, hp.d_ffn, eps=eps)
 
     def hook(layer: int, a: np.ndarray) -> None:  # a (T, d_ffn)
-        is_zero = a == 0
-        stats.zeros[layer] += int(is_zero.sum())
-        stats.near_zeros[layer] += int((np.abs(a) < eps).sum())
-        stats.neuron_active[layer] += (~is_zero).sum(0)
+        zeros, near = count_zeros(np.ascontiguousarray(a), np.float32(eps), stats.neuron_active[layer])
+        stats.zeros[layer] += zeros
+        stats.near_zeros[layer] += near
 
     model.ffn_act_hook = hook
     done = 0
@@ -79,6 +79,22 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
         if progress:
             progress(done, len(encoded))
     return stats
+
+
+@njit(cache=True)
+def count_zeros(a, eps, active):
+    """(#a == 0, #|a| < eps) over a (T, d) float32, and active[j] += #(a[:, j] != 0): R1's counts
+    in one pass (numpy's three passes took 2.2 s of a 37 s check of the real Gemma 3 270M)."""
+    zeros = 0
+    near = 0
+    for t in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            v = a[t, j]
+            z = v == 0
+            zeros += z
+            near += abs(v) < eps
+            active[j] += not z
+    return zeros, near
 
 
 def gguf_row_reader(path: str | Path) -> Callable[[str, int, int], np.ndarray]:

@@ -42,7 +42,6 @@ from runtime.kernels.ir_helpers import (
     V64I8,
     array_data,
     const,
-    hsum,
     idot_u8s8,
     int_dot_features,
     ir_loop,
@@ -325,6 +324,25 @@ def arrange_x32(xq, xd, signed, nunits, XQ, XD, XB):
 
 
 # --- the register tile ---------------------------------------------------------------------------
+def _transpose_sums(b, vs):
+    """One <16 x float> whose lane i is the sum of vs[i]'s 16 lanes (16 vectors): four levels of
+    two shuffles and an add per pair, each halving the lanes per vector (45 operations where
+    16 separate horizontal sums took 128; with short rows, K = 640, they had cost as much as
+    the tile's dot products)."""
+    seg = 16
+    while len(vs) > 1:
+        half = seg // 2
+        m = 16 // seg
+        lo = [k * seg + i for k in range(m) for i in range(half)]
+        hi = [k * seg + half + i for k in range(m) for i in range(half)]
+        idx_lo = const(ir.VectorType(ir.IntType(32), 16), lo + [16 + x for x in lo])
+        idx_hi = const(ir.VectorType(ir.IntType(32), 16), hi + [16 + x for x in hi])
+        vs = [b.fadd(b.shuffle_vector(vs[i], vs[i + 1], idx_lo), b.shuffle_vector(vs[i], vs[i + 1], idx_hi), flags=FAST)
+              for i in range(0, len(vs), 2)]
+        seg = half
+    return vs[0]
+
+
 def _tile_codegen(words, signed):
     """The 4 × 4 tile of G = 4·words values per lane. ``signed``: the weights' quants are signed
     and the activations' unsigned (q_x + 128), each pair's integer sums start from the row's
@@ -391,7 +409,8 @@ def _tile_codegen(words, signed):
             return accs
 
         accs = ir_loop(builder, u1, init, body, start=u0)
-        out = [hsum(builder, builder.extract_value(accs, i)) for i in range(RT * TT)]
+        sums = _transpose_sums(builder, [builder.extract_value(accs, i) for i in range(RT * TT)])
+        out = [builder.extract_element(sums, const(ir.IntType(32), i)) for i in range(RT * TT)]
         return context.make_tuple(builder, sig.return_type, out)
 
     return codegen

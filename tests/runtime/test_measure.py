@@ -61,3 +61,15 @@ def test_row_reader_decodes_as_gguf_py(exported, outtype):
         n = int(t.shape[1])
         for a, b in ((0, n), (1, 7), (n - 3, n)):
             np.testing.assert_array_equal(read(t.name, a, b), store.get_rows(t.name, a, b))
+
+
+def test_count_zeros_equals_numpys_counts():
+    from runtime.measure import count_zeros
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((37, 70)).astype(np.float32) * 1e-3
+    a[rng.random(a.shape) < 0.3] = 0  # exact zeros, among values on both sides of eps
+    active = np.full(70, 5, np.int64)
+    zeros, near = count_zeros(a, np.float32(1e-3), active)
+    assert zeros == int((a == 0).sum()) and near == int((np.abs(a) < 1e-3).sum())
+    np.testing.assert_array_equal(active, 5 + (a != 0).sum(0))
