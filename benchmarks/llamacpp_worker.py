@@ -24,14 +24,15 @@ The child imports nothing of the runtime (only ``aios.reference.llamacpp``, whic
 of ours), so it keeps llama.cpp's defaults. Times are measured inside it: its start-up and model
 load are never part of a tokens/s figure.
 
-    python benchmarks/llamacpp_worker.py MODEL.gguf REPACK(0|1) THREADS [BATCH]
+    python benchmarks/llamacpp_worker.py MODEL.gguf REPACK(0|1) THREADS [BATCH [ALL_LOGITS(0|1)]]
 
 REPACK 1 loads on llama.cpp's default buffers, 0 on its plain CPU buffers. It answers one JSON
 line {"ready": true, "load_s": ...} after the load and a warm-up decode, then one request per
 stdin line: ``N`` decodes N tokens after the benchmarks' prompt and answers one JSON line
 {"decode_tok_s": ...}; ``q`` (or end of input) quits. With BATCH > 0 it loads for prompts of up
 to BATCH tokens (n_batch = n_ubatch = BATCH) and ``N`` evaluates the prompt of N tokens
-(``prompt_tokens``) in one call, answering {"prefill_tok_s": ...}.
+(``prompt_tokens``) in one call, answering {"prefill_tok_s": ...}; ALL_LOGITS 1 computes every
+prompt token's logits (``logits_all``, as a perplexity window does).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class LlamaCpp:
     the start (:data:`PLAIN_ASKED`). A crash on plain buffers raises :class:`LlamaCppCrash`; a
     child that exits on its own (bad file) raises :class:`LlamaCppError` with its last line."""
 
-    def __init__(self, path, repack: bool = True, threads: int = 2, batch: int = 0) -> None:
-        self.path, self.threads, self.batch = Path(path), threads, batch
+    def __init__(self, path, repack: bool = True, threads: int = 2, batch: int = 0, all_logits: bool = False) -> None:
+        self.path, self.threads, self.batch, self.all_logits = Path(path), threads, batch, all_logits
         self.plain = not repack
         self.config = DEFAULT if repack else PLAIN_ASKED
         self.default_crash: str | None = None  # "SIGSEGV" once the default child died of it
@@ -108,7 +109,7 @@ class LlamaCpp:
 
     def _spawn(self) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, str(self.path), "0" if self.plain else "1",
-                                      str(self.threads), str(self.batch)],
+                                      str(self.threads), str(self.batch), "1" if self.all_logits else "0"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=clean_env(), preexec_fn=no_core_dump)
 
@@ -211,10 +212,11 @@ def prefill(llm, n: int, vocab: int) -> dict:
 def main() -> None:
     path, repack, threads = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
     batch = int(sys.argv[4]) if len(sys.argv) > 4 else 0  # > 0: prompts of up to this many tokens
+    all_logits = len(sys.argv) > 5 and sys.argv[5] == "1"  # every prompt token's logits (perplexity)
     t = time.perf_counter()
     if batch:  # one ubatch per prompt, as llama-bench's pp test (n_batch = n_ubatch = prompt)
         llm = load(path, plain=not repack, n_ctx=batch + 16, n_threads=threads, n_threads_batch=threads,
-                   n_batch=batch, n_ubatch=batch, logits_all=False)
+                   n_batch=batch, n_ubatch=batch, logits_all=all_logits)
         prefill(llm, 16, llm.n_vocab())
     else:
         llm = load(path, plain=not repack, n_ctx=256, n_threads=threads, n_batch=8, logits_all=True)

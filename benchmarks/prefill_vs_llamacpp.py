@@ -17,7 +17,8 @@ Ours runs ``Model.forward`` (aios-run's prompt step) in the process's arithmetic
 ``--arithmetic float``), from 16 tokens on as GEMMs over weights decoded once per matmul
 (runtime.kernels.gemm, runtime.attention_gemm). ``--per-token`` also times the one-token kernels
 run over the whole prompt (``AIOS_BATCHED_GEMM=0``'s path) so the gain is measured in the same run.
-``--crossover`` times ours at 4, 8, 16, 32 and 64 tokens with and without the GEMM form
+``--all-logits`` asks both sides for every token's logits, as a perplexity window of
+``--tokens`` does (the output head then runs for each token). ``--crossover`` times ours at 4, 8, 16, 32 and 64 tokens with and without the GEMM form
 (what GEMM_MIN_TOKENS rests on).
 
 llama.cpp (llama-cpp-python) runs in its own process (benchmarks/llamacpp_worker.py) with
@@ -25,7 +26,7 @@ n_batch = n_ubatch = the prompt, on its default buffers; where they crash (AMX X
 CPU buffers, and every result names which (``llama_cpp_config``). Name the CPU beside any figure.
 
     python benchmarks/prefill_vs_llamacpp.py [--files gemma,llama-3.1-8b:Q4_K_M,llama-3.1-8b:Q8_0]
-        [--tokens 512] [--rounds 5] [--threads 2] [--layers 4] [--per-token] [--crossover]
+        [--tokens 512] [--rounds 5] [--threads 2] [--layers 4] [--per-token] [--crossover] [--all-logits]
         [--keep DIR] [-o results.json]
 
 Prints one JSON line per file.
@@ -53,9 +54,10 @@ class OursPrefill:
     """aios-run's prompt step on one file, loaded once: each call evaluates the n-token prompt
     from an empty context and returns {"prefill_tok_s": ...}."""
 
-    def __init__(self, path: Path, n_max: int) -> None:
+    def __init__(self, path: Path, n_max: int, all_logits: bool = False) -> None:
         from runtime.model import Model
 
+        self.all_logits = all_logits
         self.m = Model(path, mode="dense", n_ctx=n_max + 16)
         self.vocab = self.m.tok_embd.n_out
         self(64)  # warm-up: pages touched, the GEMM form's kernels loaded from numba's cache
@@ -68,7 +70,7 @@ class OursPrefill:
         try:
             self.m.reset()
             t = time.perf_counter()
-            self.m.forward(toks)
+            self.m.forward(toks, all_logits=self.all_logits)
             return {"prefill_tok_s": n / (time.perf_counter() - t)}
         finally:
             kernels.set_batched_gemm(True)
@@ -115,9 +117,9 @@ def resolve(spec: str, work: Path, layers: int) -> Path:
 def one_file(spec: str, path: Path, args) -> dict:
     from runtime import kernels
 
-    ours = OursPrefill(path, args.tokens)
+    ours = OursPrefill(path, args.tokens, args.all_logits)
     row: dict = {"file": spec, "bytes": path.stat().st_size, "tokens": args.tokens, "threads": args.threads,
-                 "arithmetic": kernels.arithmetic_label(), "rounds": args.rounds}
+                 "arithmetic": kernels.arithmetic_label(), "rounds": args.rounds, "all_logits": args.all_logits}
     if args.crossover:
         cross = {}
         for n in (4, 8, 16, 32, 64):
@@ -130,7 +132,7 @@ def one_file(spec: str, path: Path, args) -> dict:
     if args.per_token:
         per = [ours(args.tokens, gemm=False)["prefill_tok_s"] for _ in range(2)]
         row["ours_per_token_kernels_tok_s"] = round(max(per), 1)
-    theirs = LlamaCpp(path, threads=args.threads, batch=args.tokens)
+    theirs = LlamaCpp(path, threads=args.threads, batch=args.tokens, all_logits=args.all_logits)
     try:
         row.update(alternated(ours, theirs, args.tokens, args.rounds))
         row["llama_cpp_config"] = theirs.config
@@ -149,6 +151,8 @@ def main() -> None:
     ap.add_argument("--arithmetic", choices=("int8", "float"), default="int8")
     ap.add_argument("--per-token", action="store_true", help="Also time the one-token kernels over the prompt.")
     ap.add_argument("--crossover", action="store_true", help="Time 4-64 tokens with and without the GEMM form.")
+    ap.add_argument("--all-logits", action="store_true",
+                    help="Every token's logits, as a perplexity window (the quality gate's measurement).")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the built files in this folder (and reuse them).")
     ap.add_argument("-o", "--output", type=Path, default=None)
     args = ap.parse_args()
