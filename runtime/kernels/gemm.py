@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from aios.quant import QK_K
 from runtime.kernels.blocks32 import QK
-from runtime.kernels.quantize import round_f16
+from runtime.kernels.quantize import _EXACT_MAX, round_f16
 
 # T at and above which a whole-matrix product goes through the GEMM (rows None), and attention
 # through runtime.attention_gemm. On the real Gemma 3 270M Q4_K_M, 2 threads (2-core Xeon, AMX;
@@ -63,9 +63,6 @@ def use_gemm(tokens: int) -> bool:
 CHUNK_VALUES = 1 << 22
 
 
-# no NaN/inf/signed-zero care: the maxima reduce in vector lanes; no reassociation, contraction or
-# reciprocal, so every product and quotient rounds as in runtime.kernels.quantize (tested)
-_EXACT_MAX = {"nnan", "ninf", "nsz"}
 
 
 @njit(parallel=True, fastmath=_EXACT_MAX, cache=True)
