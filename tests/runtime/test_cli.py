@@ -191,3 +191,12 @@ def test_bench_baseline_model_is_the_first_run(exported, tmp_path):
     data = json.loads((out / "aios-bench.json").read_text())
     assert data["rows"][0]["file"].endswith(original.name) and data["rows"][0]["reduction_vs_baseline"] in (None, 0.0)
     assert {r["file"].split("/")[-1] for r in data["rows"][1:]} == {relu.name}
+
+
+def test_warm_loads_the_kernels_a_file_needs(exported):
+    path, _ = exported("tiny-llama", "q8_0")
+    res = CliRunner().invoke(main, ["warm", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "kernels ready in" in res.output and "numba cache: " in res.output
+    bad = CliRunner().invoke(main, ["warm", str(path.parent / "missing.gguf")])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
