@@ -1,29 +1,31 @@
-"""Many tokens times a K-quant matrix in int8 (Q4_K, Q5_K, Q6_K × llama.cpp's Q8_K activations):
-the integer sums of the one-token kernels (runtime.kernels.kquants_int), computed as a
-matrix-matrix product in register tiles of 4 rows × 4 tokens.
+"""Many tokens times a block-quantized matrix in int8: Q4_K, Q5_K, Q6_K times llama.cpp's Q8_K
+activations, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 times its Q8_0 activations. The integer sums are the
+one-token kernels' (runtime.kernels.kquants_int, blocks32_int), computed as a matrix-matrix
+product in register tiles of 4 rows × 4 tokens.
 
 The one-token kernels unpack every super-block's nibbles and six-bit scales again for each token
 (about 45 instructions per row, super-block and token); at 8B dimensions that ran 50 G
-multiply-adds/s on this project's Xeon against llama.cpp's ~220 G. Here each weight chunk is
-unpacked once per matmul into a lane layout, and the product is then four integer dot
-instructions (vpdpbusd) per 256 values and pair (row, token), plus three float operations.
+multiply-adds/s on this project's Xeon against llama.cpp's ~220 G. Here each chunk of rows is
+unpacked once per matmul into a lane layout, and the product is then G/4 integer dot
+instructions (vpdpbusd) per unit and pair (row, token), plus two or three float operations.
 
-The lane layout: a *unit* is 16 lanes of G values (G = 32 for Q4_K/Q5_K, whose sub-blocks of 32
-share a scale and a minimum: a unit is two super-blocks; G = 16 for Q6_K, whose groups of 16
-share a scale: a unit is one super-block). Lane l of a unit holds its G values in G/4 words of 4
-bytes, word j of every lane side by side in one 64-byte vector, so the vector j of a unit is
-(lane 0's values 4j..4j+3, lane 1's, ...). vpdpbusd of the weights' vector j with the
-activations' vector j (arranged the same way) adds each lane's four products into that lane's
-int32, so after the G/4 vectors lane l holds Σ q_w·q_x over its group, exact, and one
-multiply-add applies the group's scale in float:
+The lane layout: a *unit* is 16 lanes of G values, G the values that share one scale: 32 for
+Q4_K/Q5_K (a unit is two super-blocks) and for the 32-value blocks (a unit is 16 blocks), 16 for
+Q6_K (a unit is one super-block). Lane l of a unit holds its G values in G/4 words of 4 bytes,
+word j of every lane side by side in one 64-byte vector. vpdpbusd of the weights' vector j with
+the activations' vector j (arranged the same way) adds each lane's four products into that
+lane's int32, so after the G/4 vectors lane l holds Σ q_w·q_x over its group, exact, and float
+multiply-adds apply the scales:
 
     y[r, t] = Σ_units Σ_l d_x(l)·(ws[r, l]·Σ q_w·q_x − c[r, l]·bsum_x(l))
 
-ws = d·sc (the group's scale; the stored quants are unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K
-0..63) and c the term that makes them signed or affine: dmin·m (Q4_K, Q5_K) or 32·d·sc (Q6_K,
-whose value is q − 32); bsum_x(l) the activations' sum over the group (Q8_K's group sums of 16,
-two of them for G = 32). Every inner sum is the integer one llama.cpp forms; what differs is
-the order of the float sums (to float32 rounding, as the float32 GEMM form of the other types).
+ws is the group's scale (d·sc, or the block's d). The affine types (Q4_K, Q5_K, Q4_1, Q5_1)
+store their quants unsigned with c their minimum term (dmin·m, or −m) and bsum_x the
+activations' sum over the group (Q8_K's group sums of 16, two for G = 32). The SIGNED types
+(Q6_K: q − 32, Q8_0, Q4_0: q − 8, Q5_0: q − 16) store their quants signed and the activations
+plus 128 (vpdpbusd takes one unsigned operand): each pair's integer sums start at the row's
+−128·Σq_w, which takes the 128 off exactly, and no float offset term is left. What differs from
+llama.cpp is the order of the float sums (to float32 rounding, as the float32 GEMM form).
 """
 
 from __future__ import annotations
@@ -69,10 +71,13 @@ SIGNED = frozenset({"q6_k", "q8_0", "q4_0", "q5_0"})
 
 
 def tiled(fmt: str) -> bool:
-    """Whether ``fmt`` runs in the tiles on the CPU the kernels are compiled for. Q8_0's quants
-    plus 128 reach 255, whose pair sums overflow AVX2's pmaddubsw (16-bit, saturating): without
-    VNNI's vpdpbusd (32-bit sums) Q8_0 keeps the float32 GEMM."""
+    """Whether ``fmt`` runs in the tiles on the CPU the kernels are compiled for. The activations
+    plus 128 (up to 255) times Q8_0's quants (down to −128) overflow the 16-bit pair sums of
+    AVX2's pmaddubsw (saturating): without VNNI's vpdpbusd (32-bit sums) Q8_0 keeps the float32
+    GEMM."""
     return fmt in TILE_TYPES and (fmt != "q8_0" or int_dot_features() in ("avx512vnni", "avxvnni", "generic"))
+
+
 LANES = 16
 RT = 4  # rows per tile
 TT = 4  # tokens per tile
