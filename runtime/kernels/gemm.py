@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from aios.quant import QK_K
 from runtime.kernels.blocks32 import QK
-from runtime.kernels.quantize import _EXACT_MAX, round_f16
+from runtime.kernels.quantize import EXACT_MAX, round_f16
 
 # T at and above which a whole-matrix product goes through the GEMM (rows None), and attention
 # through runtime.attention_gemm. On the real Gemma 3 270M Q4_K_M, 2 threads (2-core Xeon, AMX;
@@ -65,12 +65,12 @@ CHUNK_VALUES = 1 << 22
 
 
 
-@njit(parallel=True, fastmath=_EXACT_MAX, cache=True)
+@njit(parallel=True, fastmath=EXACT_MAX, cache=True)
 def q8_0_values(X):
     """X rounded as ``quantize_activations`` rounds it, as values: per block of 32, d = max|x|/127,
     q = rint(x·(127/max|x|)), d rounded to fp16, X̂ = fp16(d)·q (what the Q8_0 and Q8_1 blocks
     stand for; the int8 quants are never stored). The same float32 operations (fastmath only as
-    _EXACT_MAX allows)."""
+    EXACT_MAX allows)."""
     T, k = X.shape
     out = np.empty((T, k), np.float32)
     for t in prange(T):
@@ -86,7 +86,7 @@ def q8_0_values(X):
     return out
 
 
-@njit(parallel=True, fastmath=_EXACT_MAX, cache=True)
+@njit(parallel=True, fastmath=EXACT_MAX, cache=True)
 def q8_k_values(X):
     """X rounded as ``quantize_q8_k`` rounds it (blocks of 256: the value of largest magnitude m,
     iscale = −127/m, q = min(127, rint(iscale·x)), d = 1/iscale), as values d·q."""

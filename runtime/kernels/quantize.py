@@ -17,10 +17,10 @@ MANY_TOKENS = 8  # tokens from which the activations are quantized on all thread
 
 # no NaN/inf/signed-zero care, so the maxima and sums vectorize; no reassociation, contraction or
 # reciprocal, so every product and quotient rounds as written (what ggml computes, tested bit for bit)
-_EXACT_MAX = {"nnan", "ninf", "nsz"}
+EXACT_MAX = {"nnan", "ninf", "nsz"}
 
 
-@njit(fastmath=_EXACT_MAX, cache=True)
+@njit(fastmath=EXACT_MAX, cache=True)
 def _q8_row(x, xq, xd, xs):
     """One row of ``quantize_q8``."""
     for b in range(xd.shape[0]):
@@ -44,7 +44,7 @@ def quantize_q8(X, xq, xd, xs):
     """Each row of X (T, k) as int8 blocks of QK: xq (T, k) int8, xd (T, k/QK) the scales d in
     float32, xs (T, k/QK) the quants' sums Σq. As ggml's x86 quantize_row_q8_0/q8_1 (AVX): d =
     max|x|/127, q = round half to even of x·(127/max|x|) (0 for an all-zero block); the fp16
-    roundings ggml stores are ``quantize_activations``'s. Fastmath only as _EXACT_MAX allows:
+    roundings ggml stores are ``quantize_activations``'s. Fastmath only as EXACT_MAX allows:
     the products stay as written, so numpy can repeat them. One thread (decode's one token);
     ``quantize_q8_rows`` spreads many tokens over the threads."""
     for t in range(X.shape[0]):
@@ -109,7 +109,7 @@ def quantize_activations(X, affine: bool = False):
     return quantize_q8_blocks(X, affine)
 
 
-@njit(fastmath=_EXACT_MAX, cache=True)
+@njit(fastmath=EXACT_MAX, cache=True)
 def _q8_k_row(x, xq, xd, xb):
     """One row of ``quantize_q8_k``."""
     for b in range(xd.shape[0]):
@@ -147,7 +147,7 @@ def quantize_q8_k(X, xq, xd, xb):
     q = nearest_int(iscale·x) (round half to even, as ggml's 1.5·2²³ trick), at most 127,
     d = 1/iscale (negative when max > 0; d·q is x's rounding either way), an all-zero block
     d = 0 and quants 0; xb (T, k/16) int16: the sum of each 16 quants. Fastmath only as
-    _EXACT_MAX allows (the maximum found in vector lanes, then its first position), so numpy
+    EXACT_MAX allows (the maximum found in vector lanes, then its first position), so numpy
     can repeat it bit for bit."""
     for t in prange(X.shape[0]):  # one token per thread step (a prompt's tokens; decode's one runs alone)
         _q8_k_row(X[t], xq[t], xd[t], xb[t])
