@@ -48,7 +48,8 @@ The package, one module per seam: ``threads`` (OpenMP's spin, ``set_threads``, `
 kernels' row groups), ``float_rows`` (F32, F16, BF16), ``blocks32`` and ``blocks32_int`` (the
 32-value blocks in float and in int8), ``kquants`` and ``kquants_int`` (the K-quants, likewise),
 ``quantize`` (the activations' int8 blocks), ``gemm`` (many tokens: rows decoded once per
-matmul, then one float32 GEMM; ``set_batched_gemm``), ``sparse`` (the sparse down projection; block rows
+matmul, then one float32 GEMM; ``set_batched_gemm``), ``kq_tiles`` (many tokens in int8 register
+tiles), ``amx`` (the same on Intel AMX tiles, where the CPU has them), ``sparse`` (the sparse down projection; block rows
 decoded) and ``dispatch`` (``mm_block``, ``mm_block_arith``, the process-wide arithmetic). The
 public names are all re-exported here (``from runtime import kernels``, then ``kernels.mm_block``).
 The state lives in one module each (the thread counts in ``threads``, the arithmetic and the
@@ -72,6 +73,7 @@ import types
 
 from aios.quant import QK_K
 from runtime.kernels import dispatch, threads
+from runtime.kernels.amx import AMX_TYPES, amx_available, amx_runs, arranged_amx, mm_amx
 from runtime.kernels.blocks32 import (
     B32,
     B32_AFFINE,
@@ -273,6 +275,7 @@ _SHARED = dispatch._SHARED
 _mm_float = mm_float_rows
 
 __all__ = [
+    "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "mm_amx",
     "AFFINE_B32", "AHEAD", "ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "set_batched_gemm", "use_gemm", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
     "B32_OFFSET", "B32_QS", "B32_SIGNED", "BF16_ROWS", "BLOCKWISE", "BLOCK_TYPES", "F16_ROWS",
     "F32", "F32_ROWS", "FAST", "FLOAT_ROWS", "HALF", "I8", "I16", "I32", "INT8_ALL",

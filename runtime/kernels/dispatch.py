@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.kernels import gemm
+from runtime.kernels import amx, gemm
 from runtime.kernels.blocks32 import B32, B32_KIND, mm_b32
 from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8
 from runtime.kernels.float_rows import (
@@ -125,13 +125,30 @@ def _arranged(X, fmt):
     return out
 
 
+def _arranged_amx(X, fmt):
+    """X's int8 blocks as the AMX tiles load them (runtime.kernels.amx), shared like ``_arranged``."""
+    b32 = fmt in B32_TILES
+    key = ("amx", "b32" if b32 else LANE_VALUES[fmt])
+    shared = X is _SHARED["x"]
+    if shared and key in _SHARED["q"]:
+        return _SHARED["q"][key]
+    out = amx.arranged_amx(fmt, *_quantized(X, False)[:2]) if b32 else amx.arranged_amx(fmt, *_quantized(X, "k"))
+    if shared:
+        _SHARED["q"][key] = out
+    return out
+
+
 def mm_block_gemm(fmt, W, X, Y, int8: bool):
     """Y = X @ Wᵀ over every row of W (the file's blocks of type ``fmt``) for many tokens. In
-    int8, kq_tiles.TILE_TYPES (Q4_K, Q5_K, Q6_K, Q8_0 (with VNNI), Q4_0, Q4_1, Q5_0, Q5_1) run integer register tiles
-    on their lane layout (runtime.kernels.kq_tiles: the one-token kernels' integer sums); the
+    int8, kq_tiles.TILE_TYPES (Q4_K, Q5_K, Q6_K, Q8_0 (with VNNI), Q4_0, Q4_1, Q5_0, Q5_1) run on
+    AMX tiles where the CPU has them (runtime.kernels.amx), else integer register tiles on their
+    lane layout (runtime.kernels.kq_tiles); both form the one-token kernels' integer sums; the
     other types, and every type under float, are decoded once, in chunks, and multiplied in
     float32 GEMMs (runtime.kernels.gemm), X first rounded to the int8 kernel's activation blocks
     under ``int8``."""
+    if int8 and amx.amx_runs(fmt, X.shape[1]):
+        amx.mm_amx(fmt, W, _arranged_amx(X, fmt), Y, gemm.CHUNK_VALUES)
+        return
     if int8 and tiled(fmt):
         mm_tiles(fmt, W, _arranged(X, fmt), Y, gemm.CHUNK_VALUES)
         return
@@ -169,7 +186,8 @@ def mm_f16_arith(W, X, rows, Y):
 
 def arithmetic_label(kinds=None) -> str:
     """The arithmetic in effect for the tensor types ``kinds`` (gguf-py names; None: any), as the
-    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)", "fp16 activations (F16
+    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)" (plus "; prompts: AMX
+    tiles" where the AMX tiles run the many-token matmuls), "fp16 activations (F16
     weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
     if arithmetic() == "float":
@@ -184,4 +202,5 @@ def arithmetic_label(kinds=None) -> str:
     acts = "/".join(n for n, _ in used) + " activations"
     flt = [t.upper() for t in BLOCK_TYPES if t in pick and t not in INT8_DEFAULT]  # block types still float
     extra = "; " + ", ".join(flt) + " float" if flt else ""
-    return f"int8 ({acts}, {' / '.join(d for _, d in used)}{extra}{f16})"
+    tiles = "; prompts: AMX tiles" if pick & set(amx.AMX_TYPES) and amx.amx_available() else ""
+    return f"int8 ({acts}, {' / '.join(d for _, d in used)}{tiles}{extra}{f16})"

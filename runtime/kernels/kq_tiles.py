@@ -140,14 +140,24 @@ def _sbytes(x):  # the sum of the four signed bytes of x (as unsigned bytes plus
     return np.int32((s & np.uint32(0xFFFF)) + (s >> np.uint32(16))) - 512
 
 
+@njit(cache=True, inline="always")
+def _word(u, lane, w, words, natural):
+    """Where word w of lane ``lane`` of unit u goes in a row of Q: the lane layout (word j of the
+    unit's 16 lanes side by side), or with ``natural`` the values' own order (group u·16 + lane's
+    words consecutive: what runtime.kernels.amx's tiles load)."""
+    if natural:
+        return (u * LANES + lane) * words + w
+    return (u * words + w) * LANES + lane
+
+
 # bit i of a 4-bit value moved to bit 4 of byte i: Q5_0/Q5_1's fifth bits, four values at a time
 SPREAD4 = np.array([sum(((v >> i) & 1) << (8 * i + 4) for i in range(4)) for v in range(16)], np.uint32)
 
 
 @njit(parallel=True, cache=True)
-def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z):
+def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z, natural=False):
     """W (n, super-blocks · bpb bytes) of TILE_TYPES[kind] -> Q (n, nunits·16·G/4) uint32 words in the
-    lane layout, S (n, nunits·16) float32 each lane's scale, and for the affine Q4_K/Q5_K C
+    lane layout (``natural``: (n, k/4) words in the values' order, ``_word``), S (n, nunits·16) float32 each lane's scale, and for the affine Q4_K/Q5_K C
     (float32) each lane's minimum term dmin·m, for Q6_K (SIGNED: its quants stored as q − 32) Z
     (int32, C's memory) each lane's −128·Σ(q − 32), the start of its integer sums."""
     n = W.shape[0]
@@ -160,13 +170,13 @@ def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z):
         q = Q[r]
         for s in range(2 * nunits if g32 else nunits):
             u = s // 2 if g32 else s
-            wbase = u * LANES * words
             lbase = u * LANES
             if s >= nsb:  # the zero super-block that pads an odd count
                 for sb in range(8):
                     lane = 8 * (s % 2) + sb
-                    for w in range(words):
-                        q[wbase + w * LANES + lane] = 0
+                    if not natural:
+                        for w in range(words):
+                            q[_word(u, lane, w, words, False)] = 0
                     S[r, lbase + lane] = 0.0
                     C[r, lbase + lane] = 0.0
                 continue
@@ -192,8 +202,8 @@ def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z):
                             h = _u32(p, o + Q5K_QH + 4 * w)
                             lo |= ((h >> (2 * jj)) & np.uint32(0x01010101)) << 4
                             hi |= ((h >> (2 * jj + 1)) & np.uint32(0x01010101)) << 4
-                        q[wbase + w * LANES + 8 * (s % 2) + 2 * jj] = lo
-                        q[wbase + w * LANES + 8 * (s % 2) + 2 * jj + 1] = hi
+                        q[_word(u, 8 * (s % 2) + 2 * jj, w, 8, natural)] = lo
+                        q[_word(u, 8 * (s % 2) + 2 * jj + 1, w, 8, natural)] = hi
             else:
                 d = _f16(p, o + Q6K_D)
                 for g in range(16):
@@ -211,7 +221,7 @@ def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z):
                                 h = _u32(p, o + Q6K_QH + 32 * nh + 4 * w)
                                 v = _minus(((src >> np.uint32(4 * (part // 2))) & lo4)
                                            | (((h >> np.uint32(2 * part)) & two) << np.uint32(4)), 32)
-                                q[wbase + w4 * LANES + lane] = v
+                                q[_word(u, lane, w4, 4, natural)] = v
                                 total += _sbytes(v)
                             Z[r, lbase + lane] = -128 * total
 
@@ -252,9 +262,9 @@ def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):  # Q6_K (not g32): the quant
 
 
 @njit(parallel=True, cache=True)
-def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z):
+def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z, natural=False):
     """``unpack_rows`` for the 32-value blocks (B32_TILES[kind − len(KQ_TILES)]): lane l of unit
-    u is block 16u + l, S its d. Q8_0, Q4_0 and Q5_0 (SIGNED) store their signed quants (Q4_0's
+    u is block 16u + l, S its d (``natural``: Q (n, k/4) words in the values' order). Q8_0, Q4_0 and Q5_0 (SIGNED) store their signed quants (Q4_0's
     minus 8, Q5_0's minus 16) and Z (int32, C's memory) −128·Σq per block; Q4_1 and Q5_1 their
     unsigned quants and C the minimum term −m."""
     n = W.shape[0]
@@ -265,10 +275,11 @@ def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z):
         p = W[r]
         q = Q[r]
         for bi in range(nunits * LANES):
-            wbase = (bi // LANES) * LANES * 8 + bi % LANES
+            u, lane = bi // LANES, bi % LANES
             if bi >= nb:
-                for w in range(8):
-                    q[wbase + w * LANES] = 0
+                if not natural:
+                    for w in range(8):
+                        q[_word(u, lane, w, 8, False)] = 0
                 S[r, bi] = 0.0
                 C[r, bi] = 0.0
                 continue
@@ -279,7 +290,7 @@ def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z):
             if t == 0:
                 for w in range(8):
                     v = _u32(p, o + 2 + 4 * w)
-                    q[wbase + w * LANES] = v
+                    q[_word(u, lane, w, 8, natural)] = v
                     total += _sbytes(v)
                 Z[r, bi] = -128 * total
                 continue
@@ -293,7 +304,7 @@ def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z):
                 if t == 1 or t == 3:
                     v = _minus(v, 8 if t == 1 else 16)
                     total += _sbytes(v)
-                q[wbase + w * LANES] = v
+                q[_word(u, lane, w, 8, natural)] = v
             if t == 1 or t == 3:
                 Z[r, bi] = -128 * total
             else:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runtime import kernels as K
-from runtime.kernels import dispatch, gemm, kq_tiles
+from runtime.kernels import amx, dispatch, gemm, kq_tiles
 from runtime.kernels.quantize import quantize_activations_k
 from tests.runtime.quant_blocks import random_blocks
 
@@ -90,7 +90,8 @@ def test_activations_arranged_as_the_weights(fmt):
 
 
 @pytest.fixture
-def int8_gemm():
+def int8_gemm(monkeypatch):  # the register tiles, also on a CPU with AMX (tests/runtime/test_kernels_amx.py)
+    monkeypatch.setitem(amx._STATE, "ok", False)
     before = K.arithmetic()
     K.set_arithmetic("int8")
     yield

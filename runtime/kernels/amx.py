@@ -1,0 +1,361 @@
+"""Many tokens times a block-quantized matrix on Intel AMX: the int8 tile instructions (TDPBUSD,
+TDPBSSD) for the integer sums, AVX-512 for the scales. The same types, activation blocks and
+integer sums as runtime.kernels.kq_tiles (Q4_K, Q5_K, Q6_K times Q8_K; Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1 times Q8_0); what differs is the instruction that forms them.
+
+One TDPBUSD multiplies a tile of 16 weight rows × G bytes (G the values that share one scale: 32,
+16 for Q6_K) by G/4 rows × 64 bytes of activations (16 tokens, four values per token and row of
+the tile) into 16 × 16 int32 sums: 8,192 multiply-adds in one instruction, where vpdpbusd does
+64. Each group's sums then meet the scales in float, as in the register tiles:
+
+    y[r, t] = Σ_g ws[r, g]·d_x[t, g]·Σ q_w·q_x − c[r, g]·d_x[t, g]·bsum_x[t, g]
+
+(16 vector loads, conversions and multiply-adds per group and tile: the float part now costs more
+than the integer part). The signed types (Q6_K, Q8_0, Q4_0, Q5_0) use TDPBSSD on their signed
+quants and signed activations, so no +128 and no start term; the affine types (Q4_K, Q5_K, Q4_1,
+Q5_1) TDPBUSD on unsigned quants, with the minimum term c in float.
+
+The weights are unpacked per chunk of rows in the values' own order (kq_tiles' unpackers with
+``natural``), a row's G values of one group consecutive, so a tile is 16 rows at the row stride.
+The activations are arranged per 16 tokens and group as the B tile wants them: word j (values
+4j..4j+3) of the 16 tokens side by side. The 16 × 16 float sums are transposed in registers and
+stored as 16 tokens' rows of Y.
+
+Linux lets a process use the AMX registers only after it asks (arch_prctl ARCH_REQ_XCOMP_PERM);
+``amx_available`` asks once and says whether the tiles run here: the CPU numba compiles for has
+AMX-INT8, the kernel granted it, and AIOS_AMX is not "0" (set it to compare with the register
+tiles). Where not, kq_tiles runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from aios.quant import QK_K
+from runtime.kernels.blocks32 import QK
+from runtime.kernels.ir_helpers import (
+    FAST,
+    V16F,
+    V16I32,
+    array_data,
+    compile_features,
+    const,
+    declare,
+    ir_loop,
+    vload,
+)
+from runtime.kernels.kq_tiles import (
+    B32_TILES,
+    LANE_VALUES,
+    SIGNED,
+    TILE_BYTES,
+    TILE_KIND,
+    TILE_TYPES,
+    units,
+    unpack_b32_rows,
+    unpack_rows,
+)
+
+AMX_TYPES = TILE_TYPES
+AMX_ROWS = 16  # weight rows per tile (the A tile's rows, the C tile's rows)
+AMX_TOKENS = 16  # tokens per tile (the B tile's 64 bytes, the C tile's 16 int32 columns)
+# groups whose tiles are multiplied and stored ahead of the group whose floats run (groups per row:
+# a multiple of AMX_AHEAD + 1). Measured on the Xeon (Q4_K 4096 × 4096 × 512 tokens, medians of 15
+# alternated with the register tiles, three runs each): 0 ahead 1.35-1.63× the register tiles,
+# 1 ahead 1.23-1.50×, 3 ahead 1.11-1.25×; the VM's noise hides any gain, so none ahead.
+AMX_AHEAD = 0
+AMX_ROW_TILES = 4  # row tiles one thread runs per token block (its activations stay in L1/L2 for them)
+
+_STATE: dict = {"ok": None}
+_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86-64 Linux
+
+
+def amx_available() -> bool:
+    """Whether the AMX tiles run here (asked of the kernel once per process)."""
+    if _STATE["ok"] is None:
+        _STATE["ok"] = _request()
+    return _STATE["ok"]
+
+
+def _request() -> bool:
+    if os.environ.get("AIOS_AMX", "1") == "0":
+        return False
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    if not {"amx-tile", "amx-int8", "avx512f"} <= compile_features():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def amx_runs(fmt: str, k: int) -> bool:
+    """Whether a matrix of ``fmt`` rows of k values runs on the AMX tiles here: a tiled type whose
+    groups per row are a multiple of AMX_AHEAD + 1 (every K-quant row; 32-value blocks from
+    multiples of 128 values), on a CPU and kernel that allow AMX."""
+    return fmt in AMX_TYPES and (k // LANE_VALUES[fmt]) % (AMX_AHEAD + 1) == 0 and amx_available()
+
+
+def amx_tile_config(group_bytes: int) -> np.ndarray:
+    """The 64-byte LDTILECFG operand: palette 1; tiles 0-3 the 16 × 16 int32 sums of the groups in
+    flight, 4 and 6 the weights (16 rows × G bytes), 5 and 7 the activations (G/4 rows × 64
+    bytes)."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    c, a, b = (AMX_ROWS, 4 * AMX_TOKENS), (AMX_ROWS, group_bytes), (group_bytes // 4, 4 * AMX_TOKENS)
+    for t, (rows, colsb) in enumerate((c, c, c, c, a, b, a, b)):
+        cfg[16 + 2 * t: 18 + 2 * t] = np.frombuffer(np.uint16(colsb).tobytes(), np.uint8)
+        cfg[48 + t] = rows
+    return cfg
+
+
+# --- the activations, as the B tile loads them -----------------------------------------------------
+@njit(cache=True, inline="always")
+def _word_of(row, o):  # the four bytes of the int8 row at o, as one uint32 (little-endian)
+    return (np.uint32(np.uint8(row[o])) | (np.uint32(np.uint8(row[o + 1])) << 8)
+            | (np.uint32(np.uint8(row[o + 2])) << 16) | (np.uint32(np.uint8(row[o + 3])) << 24))
+
+
+@njit(parallel=True, cache=True)
+def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
+    """The activations' int8 blocks (xq (T, k) int8; Q8_K: ``kq``, xd (T, k/256), xb (T, k/16)
+    group sums; Q8_0: xd (T, k/32)) for the tiles: XA (T/16, groups, G/4, 16) uint32, word j of
+    group g for the block's 16 tokens side by side; XD (groups, T) each group's d_x; XB
+    (groups, T) d_x·Σq_x over the group (the affine types' minimum term). T padded to 16."""
+    T, k = xq.shape
+    ng = k // G
+    words = G // 4
+    for tb in prange(XA.shape[0]):
+        for t16 in range(AMX_TOKENS):
+            t = tb * AMX_TOKENS + t16
+            if t >= T:
+                for g in range(ng):
+                    for j in range(words):
+                        XA[tb, g, j, t16] = 0
+                    XD[g, t] = 0.0
+                    XB[g, t] = 0.0
+                continue
+            row = xq[t]
+            for g in range(ng):
+                total = np.int32(0)
+                for j in range(words):
+                    XA[tb, g, j, t16] = _word_of(row, g * G + 4 * j)
+                if kq:
+                    dx = xd[t, (g * G) // QK_K]
+                    for h in range(G // 16):
+                        total += np.int32(xb[t, (g * G) // 16 + h])
+                else:
+                    dx = xd[t, g]
+                    for i in range(G):
+                        total += np.int32(row[g * G + i])
+                XD[g, t] = dx
+                XB[g, t] = dx * np.float32(total)
+
+
+# --- the tile kernel -------------------------------------------------------------------------------
+def _transpose16(b, vs):
+    """The 16 × 16 transpose of 16 <16 x float> (vector i lane j -> vector j lane i): four stages,
+    each swapping one bit of the vector index with the same bit of the lane index by
+    two-source shuffles."""
+    for h in (1, 2, 4, 8):
+        out = []
+        for i in range(16):
+            lo, hi = vs[i & ~h], vs[i | h]
+            ih = (i & h) != 0
+            # lane j of the new vector i: from lo if bit h of j is clear, else from hi; at the lane
+            # of j with bit h set to bit h of i
+            mask = [(j & ~h | (h if ih else 0)) + (16 if j & h else 0) for j in range(16)]
+            out.append(b.shuffle_vector(lo, hi, const(ir.VectorType(ir.IntType(32), 16), mask)))
+        vs = out
+    return vs
+
+
+def _amx_codegen(group_bytes, signed):
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        i64 = ir.IntType(64)
+        p8 = i8.as_pointer()
+        void = ir.VoidType()
+        cfg, q, s, c, xa, xd, xb, y = (array_data(context, builder, sig.args[i], args[i]) for i in range(8))
+        kbytes, sl, ng, tp, T, ldy, r0, tb, nrows = (builder.sext(a, i64) if a.type.width < 64 else a for a in args[8:17])
+        builder.call(declare(builder, "llvm.x86.ldtilecfg", void, [p8]), [builder.bitcast(cfg, p8)])
+        load = declare(builder, "llvm.x86.tileloadd64", void, [i8, p8, i64])
+        dot = declare(builder, "llvm.x86.tdpbssd" if signed else "llvm.x86.tdpbusd", void, [i8, i8, i8])
+        zero = declare(builder, "llvm.x86.tilezero", void, [i8])
+        store = declare(builder, "llvm.x86.tilestored64", void, [i8, p8, i64])
+        cbuf = [cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(32), AMX_ROWS * AMX_TOKENS)) for _ in range(AMX_AHEAD + 1)]
+        for cb in cbuf:
+            cb.align = 64
+        cb8 = [builder.bitcast(cb, p8) for cb in cbuf]
+        c32 = [builder.bitcast(cb, ir.IntType(32).as_pointer()) for cb in cbuf]
+        a_base = builder.gep(builder.bitcast(q, p8), [builder.mul(r0, kbytes)])
+        tile_bytes = const(i64, AMX_TOKENS * group_bytes)
+        x_base = builder.gep(builder.bitcast(xa, p8), [builder.mul(builder.mul(tb, ng), tile_bytes)])
+        t0 = builder.mul(tb, const(i64, AMX_TOKENS))
+        srow = [builder.gep(s, [builder.mul(builder.add(r0, const(i64, i)), sl)]) for i in range(AMX_ROWS)]
+        crow = [builder.gep(c, [builder.mul(builder.add(r0, const(i64, i)), sl)]) for i in range(AMX_ROWS)]
+        ST = ir.LiteralStructType([V16F] * AMX_ROWS)
+        init = ir.Constant(ST, [const(V16F, [0.0] * 16)] * AMX_ROWS)
+
+        def issue(g, slot):  # group g's integer sums into tile ``slot``, stored to cbuf[slot]
+            c_t, a_t, b_t = const(i8, slot), const(i8, 4 + 2 * (slot % 2)), const(i8, 5 + 2 * (slot % 2))
+            builder.call(zero, [c_t])
+            builder.call(load, [a_t, builder.gep(a_base, [builder.mul(g, const(i64, group_bytes))]), kbytes])
+            builder.call(load, [b_t, builder.gep(x_base, [builder.mul(g, tile_bytes)]), const(i64, 4 * AMX_TOKENS)])
+            builder.call(dot, [c_t, a_t, b_t])
+            builder.call(store, [c_t, cb8[slot], const(i64, 4 * AMX_TOKENS)])
+
+        def post(g, par, accs):  # group g's sums (cbuf[par]) times the scales, into the accumulators
+            go = builder.add(builder.mul(g, tp), t0)
+            dx = vload(builder, xd, go, V16F, 4)
+            bx = None if signed else vload(builder, xb, go, V16F, 4)
+            for i in range(AMX_ROWS):
+                sv = builder.load(builder.gep(srow[i], [g]))
+                scale = builder.fmul(_splat(builder, sv), dx, flags=FAST)
+                isum = vload(builder, c32[par], const(i64, AMX_TOKENS * i), V16I32, 64)
+                a = builder.extract_value(accs, i)
+                a = builder.fadd(a, builder.fmul(builder.sitofp(isum, V16F), scale, flags=FAST), flags=FAST)
+                if not signed:
+                    cv = builder.load(builder.gep(crow[i], [g]))
+                    a = builder.fsub(a, builder.fmul(_splat(builder, cv), bx, flags=FAST), flags=FAST)
+                accs = builder.insert_value(accs, a, i)
+            return accs
+
+        def body(p, accs):
+            # AMX_AHEAD groups in flight: a group's tile is multiplied and stored AMX_AHEAD groups before
+            # its floats read the stored sums
+            for j in range(AMX_AHEAD + 1):
+                g = builder.add(builder.mul(p, const(i64, AMX_AHEAD + 1)), const(i64, j))
+                nxt = builder.add(g, const(i64, AMX_AHEAD))
+                with builder.if_then(builder.icmp_signed("<", nxt, ng)):
+                    issue(nxt, (j + AMX_AHEAD) % (AMX_AHEAD + 1))
+                accs = post(g, j, accs)
+            return accs
+
+        for j in range(AMX_AHEAD):
+            issue(const(i64, j), j)
+        accs = ir_loop(builder, builder.sdiv(ng, const(i64, AMX_AHEAD + 1)), init, body)
+        builder.call(declare(builder, "llvm.x86.tilerelease", void, []), [])
+        cols = _transpose16(builder, [builder.extract_value(accs, i) for i in range(AMX_ROWS)])
+        lanes = const(ir.VectorType(i64, 16), list(range(16)))
+        rmask = builder.icmp_signed("<", lanes, _splat(builder, nrows))
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", void,
+                         [V16F, V16F.as_pointer(), ir.IntType(32), ir.VectorType(ir.IntType(1), 16)])
+        for t in range(AMX_TOKENS):  # token t of the block: its row tile's 16 outputs, where t < T
+            tok = builder.add(t0, const(i64, t))
+            with builder.if_then(builder.icmp_signed("<", tok, T)):
+                dst = builder.bitcast(builder.gep(y, [builder.add(builder.mul(tok, ldy), r0)]), V16F.as_pointer())
+                builder.call(mstore, [cols[t], dst, const(ir.IntType(32), 4), rmask])
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _splat(b, s):
+    vt = ir.VectorType(s.type, 16)
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), s, const(ir.IntType(32), 0))
+    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), const(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+
+
+def _amx(group_bytes, signed):
+    gen = _amx_codegen(group_bytes, signed)
+
+    def typer(typingctx, cfg, q, s, c, xa, xd, xb, y, kbytes, sl, ng, tp, T, ldy, r0, tb, nrows):
+        return types.void(cfg, q, s, c, xa, xd, xb, y, kbytes, sl, ng, tp, T, ldy, r0, tb, nrows), gen
+
+    typer.__name__ = f"amx_tile_{group_bytes}{'s' if signed else 'u'}"
+    return intrinsic(typer)
+
+
+_amx32u, _amx32s, _amx16s = _amx(32, False), _amx(32, True), _amx(16, True)
+
+
+@njit(parallel=True, cache=True)
+def amx_tiles(cfg, Q, S, C, XA, XD, XB, Y, G, signed, n, rows_p, kbytes, sl, ng, tp, y0):
+    """Y[:T, y0 + r] for the rows r < n of the unpacked (Q, S, C) (flat; Q rows_p rows of kbytes
+    bytes, S and C rows of sl scales), by 16 × 16 AMX tiles: groups of AMX_ROW_TILES row tiles in
+    parallel, each group's row tiles meeting one token block after another."""
+    ntiles = rows_p // AMX_ROWS
+    nblocks = XA.size * 4 // (ng * AMX_TOKENS * G)
+    T, ldy = Y.shape
+    yflat = Y.reshape(-1)
+    for gi in prange((ntiles + AMX_ROW_TILES - 1) // AMX_ROW_TILES):
+        for tb in range(nblocks):
+            for rt in range(gi * AMX_ROW_TILES, min(ntiles, gi * AMX_ROW_TILES + AMX_ROW_TILES)):
+                r0 = rt * AMX_ROWS
+                nr = min(AMX_ROWS, n - r0)
+                if G == 16:
+                    _amx16s(cfg, Q, S, C, XA, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
+                elif signed:
+                    _amx32s(cfg, Q, S, C, XA, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
+                else:
+                    _amx32u(cfg, Q, S, C, XA, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
+
+
+# --- a whole matrix ---------------------------------------------------------------------------
+_BUFS: dict = {}
+
+
+def _buf(name: str, n: int, dtype) -> np.ndarray:
+    b = _BUFS.get(name)
+    if b is None or b.size < n or b.dtype != dtype:
+        b = _BUFS[name] = np.empty(n, dtype)
+    return b[:n]
+
+
+def arranged_amx(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = None):
+    """The activations' int8 blocks (Q8_K for the K-quants: xq, xd, xb; Q8_0 for the 32-value
+    types: xq, xd) as the tiles load them: (XA, XD, XB, T)."""
+    T, k = xq.shape
+    G = LANE_VALUES[fmt]
+    ng = k // G
+    nb = -(-T // AMX_TOKENS)
+    XA = np.empty((nb, ng, G // 4, AMX_TOKENS), np.uint32)
+    XD = np.empty((ng, nb * AMX_TOKENS), np.float32)
+    XB = np.empty((ng, nb * AMX_TOKENS), np.float32)
+    kq = fmt not in B32_TILES
+    arrange_amx(xq, xd, xb if kq else xd, G, kq, XA, XD, XB)
+    return XA, XD, XB, T
+
+
+def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> None:
+    """Y (T, n) = the int8 products of every row of W (``fmt`` in AMX_TYPES, the file's bytes)
+    with the tokens ``xs`` (``arranged_amx``), the rows unpacked in chunks of at most
+    ``chunk_values`` values. Only where ``amx_available()`` (which asks Linux for the registers)."""
+    if not amx_available():
+        raise RuntimeError("AMX tiles are not available on this CPU or kernel")
+    XA, XD, XB, _ = xs
+    n = W.shape[0]
+    b32 = fmt in B32_TILES
+    k = W.shape[1] // TILE_BYTES[fmt] * (QK if b32 else QK_K)
+    G = LANE_VALUES[fmt]
+    nu = units(fmt, k)
+    sl = nu * 16
+    step = max(AMX_ROWS, min(n, chunk_values // k) // AMX_ROWS * AMX_ROWS)
+    rows = step + AMX_ROWS
+    # a row's bytes plus one line: at a stride of 4,096 bytes the 16 rows of a tile would all
+    # fall in one L1 set (12 ways) and evict each other
+    qw = k // 4 + 16
+    Q = _buf("q", rows * qw, np.uint32).reshape(rows, qw)
+    S = _buf("s", rows * sl, np.float32).reshape(rows, sl)
+    C = _buf("c", rows * sl, np.float32).reshape(rows, sl)
+    cfg = amx_tile_config(G)
+    unpack = unpack_b32_rows if b32 else unpack_rows
+    for r0 in range(0, n, step):
+        m = min(n, r0 + step) - r0
+        unpack(W[r0:r0 + m], TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:m], S[:m], C[:m], C[:m].view(np.int32), True)
+        mp = -(-m // AMX_ROWS) * AMX_ROWS
+        for a in (Q, S, C):
+            a[m:mp] = 0
+        amx_tiles(cfg, Q.reshape(-1), S.reshape(-1), C.reshape(-1), XA.reshape(-1), XD.reshape(-1), XB.reshape(-1),
+                  Y, G, fmt in SIGNED, m, mp, 4 * qw, sl, k // G, XD.shape[1], r0)
