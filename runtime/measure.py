@@ -17,6 +17,7 @@ from numba import njit
 
 from aios.measure.ffn import FfnActivity
 from runtime import attention_gemm
+from runtime.kernels import kept_unpacked
 
 PACK_TOKENS = 512  # tokens per packed forward pass: the GEMMs' rate is reached (kernels.gemm)
 
@@ -66,19 +67,24 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
 
     model.ffn_act_hook = hook
     done = 0
-    for pack in packs:
-        ids = [t for i in pack for t in encoded[i]]
-        model.reset()
-        if len(pack) == 1:
-            model.forward(ids)
-        else:  # the texts back to back, each attending to itself only (runtime.attention_gemm)
-            with attention_gemm.packed(np.cumsum([0] + [len(encoded[i]) for i in pack[:-1]])):
-                model.forward(ids)
-        stats.tokens += len(ids)
-        done += len(pack)
-        if progress:
-            progress(done, len(encoded))
+    with kept_unpacked():  # every pass multiplies the same matrices: unpack them once
+        for pack in packs:
+            _run_pack(model, encoded, pack)
+            stats.tokens += sum(len(encoded[i]) for i in pack)
+            done += len(pack)
+            if progress:
+                progress(done, len(encoded))
     return stats
+
+
+def _run_pack(model, encoded, pack) -> None:
+    ids = [t for i in pack for t in encoded[i]]
+    model.reset()
+    if len(pack) == 1:
+        model.forward(ids)
+    else:  # the texts back to back, each attending to itself only (runtime.attention_gemm)
+        with attention_gemm.packed(np.cumsum([0] + [len(encoded[i]) for i in pack[:-1]])):
+            model.forward(ids)
 
 
 @njit(cache=True)

@@ -34,9 +34,20 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def perplexity(model, ids: list[int], window: int = 128, per_token: bool = False) -> dict:
-    """exp(mean NLL) of ``ids`` under ``model`` (a runtime.model.Model); the byte counter is paused."""
+    """exp(mean NLL) of ``ids`` under ``model`` (a runtime.model.Model); the byte counter is paused,
+    and the windows reuse the weights' unpacked form (``kernels.kept_unpacked``)."""
+    from runtime.kernels import kept_unpacked
+
     enabled = model.counter.enabled
     model.counter.enabled = False
+    nll, count = 0.0, 0
+    with kept_unpacked():
+        nll, count = _windows(model, ids, window, per_token, enabled)
+    return {"perplexity": math.exp(nll / max(1, count)), "tokens_scored": count, "window": window,
+            "per_token": per_token}
+
+
+def _windows(model, ids, window, per_token, enabled) -> tuple[float, int]:
     nll, count = 0.0, 0
     try:
         for w0 in range(0, len(ids) - 1, window):
@@ -54,5 +65,4 @@ def perplexity(model, ids: list[int], window: int = 128, per_token: bool = False
     finally:
         model.reset()
         model.counter.enabled = enabled
-    return {"perplexity": math.exp(nll / max(1, count)), "tokens_scored": count, "window": window,
-            "per_token": per_token}
+    return nll, count

@@ -73,7 +73,7 @@ import types
 
 from aios.quant import QK_K
 from runtime.kernels import dispatch, threads
-from runtime.kernels.amx import AMX_TYPES, amx_available, amx_runs, arranged_amx, mm_amx
+from runtime.kernels.amx import AMX_TYPES, amx_available, amx_runs, arranged_amx, kept_unpacked, mm_amx
 from runtime.kernels.blocks32 import (
     B32,
     B32_AFFINE,
@@ -275,7 +275,7 @@ _SHARED = dispatch._SHARED
 _mm_float = mm_float_rows
 
 __all__ = [
-    "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "mm_amx",
+    "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "kept_unpacked", "mm_amx",
     "AFFINE_B32", "AHEAD", "ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "set_batched_gemm", "use_gemm", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
     "B32_OFFSET", "B32_QS", "B32_SIGNED", "BF16_ROWS", "BLOCKWISE", "BLOCK_TYPES", "F16_ROWS",
     "F32", "F32_ROWS", "FAST", "FLOAT_ROWS", "HALF", "I8", "I16", "I32", "INT8_ALL",

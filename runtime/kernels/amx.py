@@ -29,9 +29,11 @@ tiles). Where not, kq_tiles runs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
+import weakref
 
 import numpy as np
 from llvmlite import ir
@@ -59,9 +61,11 @@ from runtime.kernels.kq_tiles import (
     TILE_BYTES,
     TILE_KIND,
     TILE_TYPES,
+    byte_sum4,
     units,
     unpack_b32_rows,
     unpack_rows,
+    word_at_i8,
 )
 
 AMX_TYPES = TILE_TYPES
@@ -120,12 +124,6 @@ def amx_tile_config(group_bytes: int) -> np.ndarray:
 
 
 # --- the activations, as the B tile loads them -----------------------------------------------------
-@njit(cache=True, inline="always")
-def _word_of(row, o):  # the four bytes of the int8 row at o, as one uint32 (little-endian)
-    return (np.uint32(np.uint8(row[o])) | (np.uint32(np.uint8(row[o + 1])) << 8)
-            | (np.uint32(np.uint8(row[o + 2])) << 16) | (np.uint32(np.uint8(row[o + 3])) << 24))
-
-
 @njit(parallel=True, cache=True)
 def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
     """The activations' int8 blocks (xq (T, k) int8; Q8_K: ``kq``, xd (T, k/256), xb (T, k/16)
@@ -149,15 +147,16 @@ def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
             for g in range(ng):
                 total = np.int32(0)
                 for j in range(words):
-                    XA[tb, g, j, t16] = _word_of(row, g * G + 4 * j)
+                    w = word_at_i8(row, g * G + 4 * j)
+                    XA[tb, g, j, t16] = w
+                    if not kq:
+                        total += byte_sum4(w)
                 if kq:
                     dx = xd[t, (g * G) // QK_K]
                     for h in range(G // 16):
                         total += np.int32(xb[t, (g * G) // 16 + h])
                 else:
                     dx = xd[t, g]
-                    for i in range(G):
-                        total += np.int32(row[g * G + i])
                 XD[g, t] = dx
                 XB[g, t] = dx * np.float32(total)
 
@@ -328,6 +327,57 @@ def arranged_amx(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None
     return XA, XD, XB, T
 
 
+# --- unpacked weights kept across passes -----------------------------------------------------
+# A caller that runs the same matrices many times (R1's calibration passes, a perplexity run)
+# keeps their unpacked form for the next pass inside ``kept_unpacked()``, up to a budget of bytes
+# (llama.cpp's AMX buffers repack the weights once at load, for the file's whole life); a prompt
+# or a single pass unpacks per matmul and keeps nothing.
+KEEP_BYTES = int(os.environ.get("AIOS_KEEP_UNPACKED_MB", "256")) << 20
+_KEPT: dict = {"on": False, "bytes": 0, "mats": {}}
+
+
+@contextlib.contextmanager
+def kept_unpacked(budget: int | None = None):
+    """Within: each matrix's unpacked rows are kept after its first matmul (until ``budget``
+    bytes, KEEP_BYTES by default, are held) and reused; on exit they are freed."""
+    _KEPT.update(on=True, bytes=0, mats={}, budget=KEEP_BYTES if budget is None else budget)
+    try:
+        yield
+    finally:
+        _KEPT.update(on=False, bytes=0, mats={})
+
+
+def _root(a: np.ndarray):  # the object that owns an array's memory (the file's mmap, usually)
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
+
+
+def _kept(fmt: str, W: np.ndarray, k: int):
+    """The matrix's kept (Q, S, C, rows padded), unpacked now if the budget allows; else None."""
+    key = (fmt, W.__array_interface__["data"][0], W.shape, W.strides)
+    hit = _KEPT["mats"].get(key)
+    if hit is not None and hit[0]() is not None:  # the memory's owner alive: the same bytes
+        return hit[1]
+    n = W.shape[0]
+    mp = -(-n // AMX_ROWS) * AMX_ROWS
+    qw = k // 4 + 16
+    sl = units(fmt, k) * 16
+    nbytes = mp * (4 * qw + 8 * sl)
+    if _KEPT["bytes"] + nbytes > _KEPT["budget"]:
+        return None
+    try:
+        ref = weakref.ref(_root(W))
+    except TypeError:  # an owner without weak references: not kept
+        return None
+    Q, S, C = np.zeros((mp, qw), np.uint32), np.zeros((mp, sl), np.float32), np.zeros((mp, sl), np.float32)
+    unpack = unpack_b32_rows if fmt in B32_TILES else unpack_rows
+    unpack(W, TILE_KIND[fmt], TILE_BYTES[fmt], units(fmt, k), Q[:n], S[:n], C[:n], C[:n].view(np.int32), True)
+    _KEPT["bytes"] += nbytes
+    _KEPT["mats"][key] = (ref, (Q, S, C, mp))
+    return Q, S, C, mp
+
+
 def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> None:
     """Y (T, n) = the int8 products of every row of W (``fmt`` in AMX_TYPES, the file's bytes)
     with the tokens ``xs`` (``arranged_amx``), the rows unpacked in chunks of at most
@@ -341,6 +391,13 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
     G = LANE_VALUES[fmt]
     nu = units(fmt, k)
     sl = nu * 16
+    cfg = amx_tile_config(G)
+    kept = _kept(fmt, W, k) if _KEPT["on"] else None
+    if kept is not None:
+        Q, S, C, mp = kept
+        amx_tiles(cfg, Q.reshape(-1), S.reshape(-1), C.reshape(-1), XA.reshape(-1), XD.reshape(-1), XB.reshape(-1),
+                  Y, G, fmt in SIGNED, n, mp, 4 * Q.shape[1], sl, k // G, XD.shape[1], 0)
+        return
     step = max(AMX_ROWS, min(n, chunk_values // k) // AMX_ROWS * AMX_ROWS)
     rows = step + AMX_ROWS
     # a row's bytes plus one line: at a stride of 4,096 bytes the 16 rows of a tile would all
@@ -349,7 +406,6 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
     Q = _buf("q", rows * qw, np.uint32).reshape(rows, qw)
     S = _buf("s", rows * sl, np.float32).reshape(rows, sl)
     C = _buf("c", rows * sl, np.float32).reshape(rows, sl)
-    cfg = amx_tile_config(G)
     unpack = unpack_b32_rows if b32 else unpack_rows
     for r0 in range(0, n, step):
         m = min(n, r0 + step) - r0

@@ -97,7 +97,7 @@ def units(fmt: str, k: int) -> int:
 
 # --- the weights, unpacked once per matmul -------------------------------------------------------
 @intrinsic
-def _u32(typingctx, p, o):
+def word_at(typingctx, p, o):
     """The little-endian 32-bit word at byte o of the uint8 row p: one unaligned load (the
     blocks of 18, 22 or 34 bytes put words anywhere; four byte loads and shifts took 2x)."""
     def codegen(context, builder, sig, args):
@@ -108,7 +108,7 @@ def _u32(typingctx, p, o):
     return types.uint32(p, o), codegen
 
 
-_i8x4 = _u32  # the same load from an int8 row
+word_at_i8 = word_at  # the same load from an int8 row
 
 
 @intrinsic
@@ -134,7 +134,7 @@ def _minus(x, off):
 
 
 @njit(cache=True, inline="always")
-def _sbytes(x):  # the sum of the four signed bytes of x (as unsigned bytes plus 128, minus 512)
+def byte_sum4(x):  # the sum of the four signed bytes of x (as unsigned bytes plus 128, minus 512)
     u = np.uint32(x) ^ np.uint32(0x80808080)
     s = (u & np.uint32(0x00FF00FF)) + ((u >> np.uint32(8)) & np.uint32(0x00FF00FF))
     return np.int32((s & np.uint32(0xFFFF)) + (s >> np.uint32(16))) - 512
@@ -196,10 +196,10 @@ def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z, natural=False):
                 qs = o + (Q5K_QS if kind == 1 else Q4K_QS)
                 for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high
                     for w in range(8):
-                        x = _u32(p, qs + 32 * jj + 4 * w)
+                        x = word_at(p, qs + 32 * jj + 4 * w)
                         lo, hi = x & lo4, (x >> 4) & lo4
                         if kind == 1:  # Q5_K: bit j of qh[l] is value l's fifth bit in sub-block j
-                            h = _u32(p, o + Q5K_QH + 4 * w)
+                            h = word_at(p, o + Q5K_QH + 4 * w)
                             lo |= ((h >> (2 * jj)) & np.uint32(0x01010101)) << 4
                             hi |= ((h >> (2 * jj + 1)) & np.uint32(0x01010101)) << 4
                         q[_word(u, 8 * (s % 2) + 2 * jj, w, 8, natural)] = lo
@@ -217,12 +217,12 @@ def unpack_rows(W, kind, bpb, nunits, Q, S, C, Z, natural=False):
                             total = np.int32(0)
                             for w4 in range(4):
                                 w = 4 * half + w4
-                                src = _u32(p, o + 64 * nh + 32 * (part % 2) + 4 * w)
-                                h = _u32(p, o + Q6K_QH + 32 * nh + 4 * w)
+                                src = word_at(p, o + 64 * nh + 32 * (part % 2) + 4 * w)
+                                h = word_at(p, o + Q6K_QH + 32 * nh + 4 * w)
                                 v = _minus(((src >> np.uint32(4 * (part // 2))) & lo4)
                                            | (((h >> np.uint32(2 * part)) & two) << np.uint32(4)), 32)
                                 q[_word(u, lane, w4, 4, natural)] = v
-                                total += _sbytes(v)
+                                total += byte_sum4(v)
                             Z[r, lbase + lane] = -128 * total
 
 
@@ -254,7 +254,7 @@ def arrange_x(xq, xd, xb, g32, nunits, XQ, XD, XB):  # Q6_K (not g32): the quant
                     continue
                 v0 = s * QK_K + g * (4 * words)
                 for w in range(words):
-                    out[wbase + w * LANES + lane] = _i8x4(row, v0 + 4 * w) ^ flip
+                    out[wbase + w * LANES + lane] = word_at_i8(row, v0 + 4 * w) ^ flip
                 dx = xd[t, s]
                 bs = np.int32(xb[t, s * 16 + 2 * g]) + np.int32(xb[t, s * 16 + 2 * g + 1]) if g32 else np.int32(xb[t, s * 16 + g])
                 XD[t, lbase + lane] = dx
@@ -289,21 +289,21 @@ def unpack_b32_rows(W, kind, bpb, nunits, Q, S, C, Z, natural=False):
             total = np.int32(0)
             if t == 0:
                 for w in range(8):
-                    v = _u32(p, o + 2 + 4 * w)
+                    v = word_at(p, o + 2 + 4 * w)
                     q[_word(u, lane, w, 8, natural)] = v
-                    total += _sbytes(v)
+                    total += byte_sum4(v)
                 Z[r, bi] = -128 * total
                 continue
             qs = o + (2 if t == 1 else 4 if t == 2 else 6 if t == 3 else 8)
-            qh = _u32(p, o + (2 if t == 3 else 4)) if t >= 3 else np.uint32(0)
+            qh = word_at(p, o + (2 if t == 3 else 4)) if t >= 3 else np.uint32(0)
             for w in range(8):
-                x = _u32(p, qs + 4 * (w % 4))
+                x = word_at(p, qs + 4 * (w % 4))
                 v = x & lo4 if w < 4 else (x >> np.uint32(4)) & lo4
                 if t >= 3:  # bit l of qh is value l's fifth bit
                     v |= SPREAD4[(qh >> np.uint32(4 * w)) & np.uint32(15)]
                 if t == 1 or t == 3:
                     v = _minus(v, 8 if t == 1 else 16)
-                    total += _sbytes(v)
+                    total += byte_sum4(v)
                 q[_word(u, lane, w, 8, natural)] = v
             if t == 1 or t == 3:
                 Z[r, bi] = -128 * total
@@ -332,9 +332,9 @@ def arrange_x32(xq, xd, signed, nunits, XQ, XD, XB):
                 continue
             total = np.int32(0)
             for w in range(8):
-                v = _i8x4(row, bi * QK + 4 * w)
+                v = word_at_i8(row, bi * QK + 4 * w)
                 out[wbase + w * LANES] = v ^ flip
-                total += _sbytes(v)
+                total += byte_sum4(v)
             XD[t, bi] = xd[t, bi]
             XB[t, bi] = xd[t, bi] * np.float32(total)
 

@@ -132,3 +132,29 @@ def test_aios_amx_0_turns_the_tiles_off():
     res = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[2],
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0 and res.stdout.split() == ["False", "False"], res.stderr[-2000:]
+
+
+@needs_amx
+def test_kept_unpacked_rows_are_reused_and_freed(monkeypatch, int8_gemm):
+    W = random_blocks("q4_k", 40, 2, RNG)
+    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 512)).astype(np.float32)
+    fresh = np.empty((X.shape[0], 40), np.float32)
+    K.mm_block_arith("q4_k", W, X, None, fresh)
+    calls = []
+    real = amx.unpack_rows
+    monkeypatch.setattr(amx, "unpack_rows", lambda *a: (calls.append(1), real(*a))[1])
+    with amx.kept_unpacked():
+        for _ in range(3):
+            Y = np.empty_like(fresh)
+            K.mm_block_arith("q4_k", W, X, None, Y)
+            np.testing.assert_array_equal(Y, fresh)
+        assert len(calls) == 1 and amx._KEPT["bytes"] > 0  # unpacked once, then kept
+    assert amx._KEPT["mats"] == {} and not amx._KEPT["on"]
+    calls.clear()
+    K.mm_block_arith("q4_k", W, X, None, Y)
+    per_matmul = len(calls)  # its chunks of rows
+    with amx.kept_unpacked(budget=1000):  # over the budget: unpacked per matmul, nothing kept
+        for _ in range(2):
+            K.mm_block_arith("q4_k", W, X, None, Y)
+        assert len(calls) == 3 * per_matmul and amx._KEPT["mats"] == {}
+    np.testing.assert_array_equal(Y, fresh)
