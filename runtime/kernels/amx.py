@@ -11,7 +11,7 @@ the tile) into 16 × 16 int32 sums: 8,192 multiply-adds in one instruction, wher
     y[r, t] = Σ_g ws[r, g]·d_x[t, g]·Σ q_w·q_x − c[r, g]·d_x[t, g]·bsum_x[t, g]
 
 (16 vector loads, conversions and multiply-adds per group and tile: the float part now costs more
-than the integer part). The signed types (Q6_K, Q8_0, Q4_0, Q5_0) use TDPBSSD on their signed
+than the integer part; docs/benchmarks.md, "AMX tiles", has the variants that did not help). The signed types (Q6_K, Q8_0, Q4_0, Q5_0) use TDPBSSD on their signed
 quants and signed activations, so no +128 and no start term; the affine types (Q4_K, Q5_K, Q4_1,
 Q5_1) TDPBUSD on unsigned quants, with the minimum term c in float.
 

@@ -186,7 +186,7 @@ def mm_f16_arith(W, X, rows, Y):
 
 def arithmetic_label(kinds=None) -> str:
     """The arithmetic in effect for the tensor types ``kinds`` (gguf-py names; None: any), as the
-    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)" (plus "; prompts: AMX
+    outputs print it: "int8 (Q8_0 activations, AVX-512 VNNI vpdpbusd)" (plus "; from 32 tokens: AMX
     tiles" where the AMX tiles run the many-token matmuls), "fp16 activations (F16
     weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
@@ -202,5 +202,5 @@ def arithmetic_label(kinds=None) -> str:
     acts = "/".join(n for n, _ in used) + " activations"
     flt = [t.upper() for t in BLOCK_TYPES if t in pick and t not in INT8_DEFAULT]  # block types still float
     extra = "; " + ", ".join(flt) + " float" if flt else ""
-    tiles = "; prompts: AMX tiles" if pick & set(amx.AMX_TYPES) and amx.amx_available() else ""
+    tiles = f"; from {gemm.GEMM_MIN_TOKENS} tokens: AMX tiles" if pick & set(amx.AMX_TYPES) and amx.amx_available() else ""
     return f"int8 ({acts}, {' / '.join(d for _, d in used)}{tiles}{extra}{f16})"

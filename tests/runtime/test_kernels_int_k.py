@@ -129,7 +129,7 @@ def test_matrix_matmul_follows_the_setting(arithmetic, kind):
 def test_labels_name_the_int8_k_quants(arithmetic):
     arithmetic("int8")
     label = K.arithmetic_label({"Q4_K", "Q6_K", "F32"})
-    amx = "; prompts: AMX tiles" if K.amx_available() else ""
+    amx = f"; from {K.GEMM_MIN_TOKENS} tokens: AMX tiles" if K.amx_available() else ""
     assert label == f"int8 (Q8_K activations, {K.KQ_DOT_NAMES[K.int_dot_features()]}{amx})"
     label = K.arithmetic_label({"Q4_K", "Q3_K", "Q8_0"})
     assert "Q8_0/Q8_K activations" in label and "float" not in label
