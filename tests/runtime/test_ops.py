@@ -137,3 +137,25 @@ def test_gelu_ggml_rounds_to_fp16_as_numpy() -> None:
     same = (got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))
     assert same.all()
     assert ops.gelu_ggml(x.reshape(-1, 7)[:5]).shape == (5, 7)  # any shape in, the same shape out
+
+
+def test_gelu_table_is_stored_once_and_read_back(tmp_path, monkeypatch):
+    from runtime import CHOSEN_ENV
+
+    monkeypatch.setenv(CHOSEN_ENV, str(tmp_path))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    built = ops._stored_gelu_table()
+    stored = tmp_path / "gelu_f16_table.f32"
+    assert stored.stat().st_size == 65536 * 4
+    np.testing.assert_array_equal(np.fromfile(stored, np.float32), built)
+    marker = built.copy()
+    marker[0] = 123.0  # read back, not rebuilt
+    marker.tofile(stored)
+    assert ops._stored_gelu_table()[0] == 123.0
+    stored.write_bytes(b"short")  # a partial file: rebuilt and rewritten
+    np.testing.assert_array_equal(ops._stored_gelu_table(), built)
+    assert stored.stat().st_size == 65536 * 4
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "users"))  # the user's own folder: not stored
+    stored.unlink()
+    np.testing.assert_array_equal(ops._stored_gelu_table(), built)
+    assert not stored.exists()
