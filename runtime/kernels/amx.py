@@ -384,6 +384,11 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
     ``chunk_values`` values. Only where ``amx_available()`` (which asks Linux for the registers)."""
     if not amx_available():
         raise RuntimeError("AMX tiles are not available on this CPU or kernel")
+    if not Y.flags.c_contiguous:  # the tiles store whole rows of 16 outputs into a dense Y
+        out = np.empty(Y.shape, np.float32)
+        mm_amx(fmt, W, xs, out, chunk_values)
+        Y[...] = out
+        return
     XA, XD, XB, _ = xs
     n = W.shape[0]
     b32 = fmt in B32_TILES

@@ -120,6 +120,10 @@ def test_chunks_of_rows_and_a_row_offset(monkeypatch, int8_gemm):
     chunked = np.empty_like(whole)
     K.mm_block_arith("q5_k", W, X, None, chunked)
     np.testing.assert_array_equal(chunked, whole)
+    wide = np.zeros((X.shape[0], 90), np.float32)  # a strided Y: computed aside, then copied in
+    amx.mm_amx("q5_k", W, amx.arranged_amx("q5_k", *K.quantize_activations_k(X)), wide[:, 10:80], gemm.CHUNK_VALUES)
+    np.testing.assert_array_equal(wide[:, 10:80], whole)
+    assert not wide[:, :10].any() and not wide[:, 80:].any()
     monkeypatch.setitem(amx._STATE, "ok", False)  # the register tiles: the same sums to float rounding
     tiles = np.empty_like(whole)
     K.mm_block_arith("q5_k", W, X, None, tiles)
