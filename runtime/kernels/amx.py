@@ -94,6 +94,10 @@ def _request() -> bool:
         return False
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
+    from numba.core import config
+
+    if config.CPU_NAME not in (None, "host") and config.CPU_FEATURES is None:
+        return False  # compiling for a named CPU whose features are not listed: no AMX assumed
     if not {"amx-tile", "amx-int8", "avx512f"} <= compile_features():
         return False
     try:

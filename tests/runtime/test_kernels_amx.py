@@ -130,10 +130,10 @@ def test_chunks_of_rows_and_a_row_offset(monkeypatch, int8_gemm):
     np.testing.assert_allclose(tiles, whole, rtol=1e-4, atol=1e-5 * np.abs(whole).max())
 
 
-def test_aios_amx_0_turns_the_tiles_off():
+@pytest.mark.parametrize("env", [{"AIOS_AMX": "0"}, {"NUMBA_CPU_NAME": "haswell"}])
+def test_off_when_asked_or_compiling_for_another_cpu(env):
     code = "from runtime.kernels import amx; print(amx.amx_available(), amx.amx_runs('q4_k', 4096))"
-    env = dict(os.environ, AIOS_AMX="0")
-    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[2],
+    res = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), cwd=Path(__file__).resolve().parents[2],
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0 and res.stdout.split() == ["False", "False"], res.stderr[-2000:]
 
