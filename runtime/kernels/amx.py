@@ -62,6 +62,7 @@ from runtime.kernels.kq_tiles import (
     TILE_KIND,
     TILE_TYPES,
     byte_sum4,
+    reused_buffer,
     units,
     unpack_b32_rows,
     unpack_rows,
@@ -306,16 +307,6 @@ def amx_tiles(cfg, Q, S, C, XA, XD, XB, Y, G, signed, n, rows_p, kbytes, sl, ng,
 
 
 # --- a whole matrix ---------------------------------------------------------------------------
-_BUFS: dict = {}
-
-
-def _buf(name: str, n: int, dtype) -> np.ndarray:
-    b = _BUFS.get(name)
-    if b is None or b.size < n or b.dtype != dtype:
-        b = _BUFS[name] = np.empty(n, dtype)
-    return b[:n]
-
-
 def arranged_amx(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = None):
     """The activations' int8 blocks (Q8_K for the K-quants: xq, xd, xb; Q8_0 for the 32-value
     types: xq, xd) as the tiles load them: (XA, XD, XB, T)."""
@@ -412,9 +403,9 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
     # a row's bytes plus one line: at a stride of 4,096 bytes the 16 rows of a tile would all
     # fall in one L1 set (12 ways) and evict each other
     qw = k // 4 + 16
-    Q = _buf("q", rows * qw, np.uint32).reshape(rows, qw)
-    S = _buf("s", rows * sl, np.float32).reshape(rows, sl)
-    C = _buf("c", rows * sl, np.float32).reshape(rows, sl)
+    Q = reused_buffer("amx_q", rows * qw, np.uint32).reshape(rows, qw)
+    S = reused_buffer("amx_s", rows * sl, np.float32).reshape(rows, sl)
+    C = reused_buffer("amx_c", rows * sl, np.float32).reshape(rows, sl)
     unpack = unpack_b32_rows if b32 else unpack_rows
     for r0 in range(0, n, step):
         m = min(n, r0 + step) - r0

@@ -480,7 +480,9 @@ def tiles(Q, S, C, XQ, XD, XB, g32, signed, nunits, n, T, tblock, Y, y0):
 _BUFS: dict = {}  # reused buffers by name: fresh pages per matmul are page-faulted in each time
 
 
-def _buf(name: str, n: int, dtype) -> np.ndarray:
+def reused_buffer(name: str, n: int, dtype) -> np.ndarray:
+    """n elements of ``dtype`` from the buffer kept under ``name`` (grown when too small): the
+    tiles' unpacked chunks, here and in runtime.kernels.amx."""
     b = _BUFS.get(name)
     if b is None or b.size < n or b.dtype != dtype:
         b = _BUFS[name] = np.empty(n, dtype)
@@ -519,9 +521,9 @@ def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> N
     words = LANE_VALUES[fmt] // 4
     step = max(RT, min(n, chunk_values // max(1, nu * LANES * LANE_VALUES[fmt])) // RT * RT)
     rows = step + RT  # whole tiles, the last one's padding rows zero
-    Q = _buf("q", rows * nu * LANES * words, np.uint32).reshape(rows, -1)
-    S = _buf("s", rows * nu * LANES, np.float32).reshape(rows, -1)
-    C = _buf("c", rows * nu * LANES, np.float32).reshape(rows, -1)
+    Q = reused_buffer("q", rows * nu * LANES * words, np.uint32).reshape(rows, -1)
+    S = reused_buffer("s", rows * nu * LANES, np.float32).reshape(rows, -1)
+    C = reused_buffer("c", rows * nu * LANES, np.float32).reshape(rows, -1)
     g32 = LANE_VALUES[fmt] == 32
     tblock = max(TT, min(TOKEN_BLOCK, TOKEN_BLOCK_BYTES // (4 * XQ.shape[1])) // TT * TT)
     for r0 in range(0, n, step):
