@@ -110,8 +110,8 @@ def _request() -> bool:
 
 def amx_runs(fmt: str, k: int) -> bool:
     """Whether a matrix of ``fmt`` rows of k values runs on the AMX tiles here: a tiled type whose
-    groups per row are a multiple of AMX_AHEAD + 1 (every K-quant row; 32-value blocks from
-    multiples of 128 values), on a CPU and kernel that allow AMX."""
+    groups per row are a multiple of AMX_AHEAD + 1 (with none ahead, any count), on a CPU and
+    kernel that allow AMX."""
     return fmt in AMX_TYPES and (k // LANE_VALUES[fmt]) % (AMX_AHEAD + 1) == 0 and amx_available()
 
 
