@@ -100,8 +100,10 @@ class Model:
             self.predictor = P.load(predictor or P.default_path(self.path), self)
         # head-major (layer, KV head, position, head_dim): a head's keys are contiguous, so
         # attention streams them (ops.attention)
+        # np.zeros, not zeros_like: calloc'd pages stay out of RSS until a position is written,
+        # where zeros_like filled the whole context (1.2 GB for the real Gemma 3's 32k)
         self.k_cache = np.zeros((hp.n_layers, hp.n_kv, hp.n_ctx, hp.head_dim), np.float32)
-        self.v_cache = np.zeros_like(self.k_cache)
+        self.v_cache = np.zeros((hp.n_layers, hp.n_kv, hp.n_ctx, hp.head_dim), np.float32)
         self.pos = 0
         inv = hp.rope_base ** (-np.arange(0, hp.rope_dims, 2, dtype=np.float64) / hp.rope_dims)
         ff = np.ones(hp.rope_dims // 2, np.float32)

@@ -8,16 +8,16 @@ one :class:`InvalidModelError` sentence naming the file.
 from __future__ import annotations
 
 import json
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from aios.errors import InvalidModelError
+from aios.models.gguf_reader import gguf_reader  # (re-exported: callers open GGUFs through here)
 
 # bytes per element of safetensors dtype codes
 SAFETENSORS_ITEMSIZE = {
@@ -211,105 +211,6 @@ class PickleStore:
 _TORCH_DTYPE = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
                 "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32",
                 "torch.int8": "I8", "torch.uint8": "U8", "torch.bool": "BOOL"}
-
-
-_READER_CLASS = None
-
-
-def _reader_class():
-    """gguf-py's reader, parsing metadata through a plain ndarray view of its memmap.
-
-    Slicing an ``np.memmap`` runs ``__array_finalize__`` for every field part, and the reader
-    slices three times per vocabulary entry: a 65k-token vocabulary took 3-4 s to open and a
-    128k one with its merges far longer (llama.cpp: 0.1 s). Views of the same mapping as plain
-    ndarrays are the same bytes without that cost, so values and tensors are unchanged (still
-    views of the file, nothing copied).
-    """
-    global _READER_CLASS
-    if _READER_CLASS is None:
-        # the defining module's class: gguf.GGUFReader may be swapped (transformers_reads_gguf_fast)
-        from gguf.gguf_reader import GGUFReader
-
-        class Reader(GGUFReader):
-            def _get(self, offset, dtype, count=1, override_order=None):
-                plain = self.__dict__.get("_plain")
-                if plain is None or plain.base is not self.data:
-                    plain = self._plain = self.data.view(np.ndarray)
-                count = int(count)
-                arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
-                order = self.byte_order if override_order is None else override_order
-                return arr.view(arr.dtype.newbyteorder(order))
-
-            def _get_field_parts(self, orig_offs, raw_type):
-                bulk = _array_parts(self, orig_offs, raw_type)
-                return bulk if bulk is not None else super()._get_field_parts(orig_offs, raw_type)
-
-        _READER_CLASS = Reader
-    return _READER_CLASS
-
-
-def _array_parts(r, orig: int, raw_type: int):
-    """gguf-py's ``_get_field_parts`` of a long ARRAY of scalars or strings, the same parts in
-    the same order, built in one loop instead of one recursive call (and three slices) per
-    element: the real Gemma 3 270M's 262,144-token vocabulary (tokens, scores, types) took 3-6 s
-    to parse that way, 0.3 s this way. None (gguf-py's own walk) for anything else, a file whose
-    byte order is not this machine's, or an element that would run past the end of the file
-    (where gguf-py's walk says what is wrong)."""
-    import sys
-
-    from gguf import GGUFValueType
-
-    if raw_type != GGUFValueType.ARRAY or r.byte_order != "I" or sys.byteorder != "little":
-        return None
-    plain = r.data.view(np.ndarray)
-    end = plain.shape[0]
-    if orig + 12 > end:
-        return None
-    raw_itype, alen = r._get(orig, np.uint32), r._get(orig + 4, np.uint64)
-    n, offs = int(alen[0]), orig + 12
-    try:
-        etype = GGUFValueType(int(raw_itype[0]))
-    except ValueError:
-        return None
-    if n < 64:
-        return None
-    nptype = r.gguf_scalar_to_np.get(etype)
-    if nptype is not None:
-        size = np.dtype(nptype).itemsize * n
-        if offs + size > end:
-            return None
-        vals = plain[offs:offs + size].view(nptype)
-        return (offs + size - orig, [raw_itype, alen] + [vals[i:i + 1] for i in range(n)],
-                list(range(2, 2 + n)), [GGUFValueType.ARRAY, etype])
-    if etype != GGUFValueType.STRING:
-        return None
-    parts = [raw_itype, alen]
-    mv = memoryview(plain)
-    u64 = np.dtype(np.uint64)
-    pos = offs
-    for _ in range(n):
-        if pos + 8 > end:
-            return None
-        slen = int.from_bytes(mv[pos:pos + 8], "little")
-        if pos + 8 + slen > end:
-            return None
-        parts.append(plain[pos:pos + 8].view(u64))
-        parts.append(plain[pos + 8:pos + 8 + slen])
-        pos += 8 + slen
-    return pos - orig, parts, list(range(3, 3 + 2 * n, 2)), [GGUFValueType.ARRAY, etype]
-
-
-@lru_cache(maxsize=2)
-def _cached_reader(path: str, stamp: tuple[int, int, int]):
-    return _reader_class()(path, "r")
-
-
-def gguf_reader(path: str | Path):
-    """The parsed GGUF at ``path``, shared by everything in this process that opens the same
-    unchanged file (a check opens it for facts, the tokenizer and the runtime: one parse, not
-    four). Keyed by inode, size and mtime, so a rewritten file is parsed again."""
-    st = os.stat(path)
-    return _cached_reader(str(Path(path).resolve()), (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 @contextmanager
