@@ -45,17 +45,20 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
 
 
 def load_tokenizer(gguf_path: Path, tokenizer_dir: Path | None = None):
-    """The tokenizer embedded in the GGUF, or one from ``tokenizer_dir`` (transformers'). The GGUF's
-    is built by transformers once and cached; a cached one loads as a ``LightTokenizer``
+    """The tokenizer embedded in the GGUF, or one from ``tokenizer_dir`` (transformers'). A
+    SentencePiece vocabulary is read straight from the file as llama.cpp tokenizes it
+    (``aios.models.spm_tokenizer``: 0.3 s where transformers' took 1.4 s from its cache); any other
+    is built by transformers once and cached, and a cached one loads as a ``LightTokenizer``
     (``aios.models.light_tokenizer``: same ids and text, no ``import transformers``)."""
     from aios.models.light_tokenizer import load_gguf_tokenizer_light
+    from aios.models.spm_tokenizer import load_spm_tokenizer
 
     try:
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer  # (imports torch: not on the GGUF path)
 
             return AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        return load_gguf_tokenizer_light(gguf_path)
+        return load_spm_tokenizer(gguf_path) or load_gguf_tokenizer_light(gguf_path)
     except Exception as e:  # transformers raises many types for a missing/odd tokenizer
         raise InvalidModelError(
             f"No usable tokenizer in {gguf_path.name} ({str(e).splitlines()[0][:160]}); "

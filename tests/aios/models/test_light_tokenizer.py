@@ -205,8 +205,8 @@ def test_a_cached_load_imports_no_transformers(tokenizer_cache):
     path = REFERENCE / "phi3.llamacpp.f16.gguf"
     full = load_gguf_tokenizer(path)
     text = "<|user|>\nHi 123 naïve<|end|>"
-    code = ("import json, sys; from runtime.generate import load_tokenizer; from pathlib import Path; "
-            "tok = load_tokenizer(Path(sys.argv[1])); ids = tok(sys.argv[2])['input_ids']; "
+    code = ("import json, sys; from aios.models.light_tokenizer import load_gguf_tokenizer_light; "
+            "from pathlib import Path; tok = load_gguf_tokenizer_light(Path(sys.argv[1])); ids = tok(sys.argv[2])['input_ids']; "
             "print(json.dumps([type(tok).__name__, ids, tok.decode(ids, skip_special_tokens=True), tok.eos_token_id, "
             "'transformers' in sys.modules, 'torch' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code, str(path), text], check=False, cwd=ROOT, capture_output=True,
