@@ -266,10 +266,10 @@ def attention_inputs(q, k, v, qn, kn, eps, positions, theta_scale, freq_factors,
     (AMD EPYC), a ~2 % of the step."""
     T, Hq, hd = q.shape
     Hkv = k.shape[1]
-    qc = np.empty((T, Hq, hd), F32)
-    kc = np.empty((T, Hkv, hd), F32)
-    qc[:] = q
-    kc[:] = k
+    # copies by .copy(), not ``qc[:] = q``: numba's slice assignment brings its shape-mismatch
+    # message (f-strings, str, join), 5 of this function's 8 s of compiling on a fresh cache
+    qc = q.copy()
+    kc = k.copy()
     if qn.shape[0]:
         qc = rms_norm(qc.reshape(T * Hq, hd), qn, eps).reshape(T, Hq, hd)
     if kn.shape[0]:

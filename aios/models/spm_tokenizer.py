@@ -42,6 +42,9 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # gguf.
 # decoder strips no leading space (gguf_tokenizer_mapping.GGUF_SENTENCEPIECE_BUILDERS)
 NO_STRIP_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 C_SPACE = " \t\n\v\f\r"  # C's isspace, which llama.cpp's lstrip / rstrip test
+# llama-vocab.cpp gives Phi-3's control tokens rstrip when general.name (lower-cased) holds one of
+# these: the model's name, not its architecture (Phi-4 rides on phi3 with a byte-level vocabulary)
+PHI3_NAMES = ("phi-3", "phi3")
 
 
 def load_spm_tokenizer(path: str | Path):
@@ -74,7 +77,7 @@ def load_spm_tokenizer(path: str | Path):
         add_bos=bool(get("tokenizer.ggml.add_bos_token", True)),
         add_eos=bool(get("tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(get("tokenizer.ggml.add_space_prefix", True)),
-        phi3=any(s in str(get("general.name", "")).lower() for s in ("phi-3", "phi3")),
+        phi3=any(s in str(get("general.name", "")).lower() for s in PHI3_NAMES),
         strip_decoded=get("general.architecture") not in NO_STRIP_ARCHITECTURES,
         chat_template=get("tokenizer.chat_template"),
     )
