@@ -15,6 +15,7 @@ Hand-written because gguf-py has no lazy mode; ``_build_fields`` mirrors gguf-py
 from __future__ import annotations
 
 import os
+import struct
 import sys
 from collections.abc import Sequence
 from functools import lru_cache
@@ -163,19 +164,20 @@ def _lazy_array(r, orig: int, raw_type: int, head: list):
         return dt.itemsize * n + 12, LazyParts(head, plain, offsets, None, dt), types
     if etype != GGUFValueType.STRING:
         return None
-    offsets = np.empty(n, np.int64)
-    lengths = np.empty(n, np.int64)
-    mv = memoryview(plain)
+    unpack = struct.Struct("<Q").unpack_from
+    starts, sizes = [], []
     pos = offs
-    for k in range(n):  # each string's offset depends on every length before it: one walk
+    for _ in range(n):  # each string's offset depends on every length before it: one walk
         if pos + 8 > end:
             return None
-        slen = int.from_bytes(mv[pos:pos + 8], "little")
+        (slen,) = unpack(plain, pos)
         if pos + 8 + slen > end:
             return None
-        offsets[k], lengths[k] = pos, slen
+        starts.append(pos)
+        sizes.append(slen)
         pos += 8 + slen
-    return pos - orig, LazyParts(head, plain, offsets, lengths, np.dtype(np.uint8)), types
+    return (pos - orig, LazyParts(head, plain, np.array(starts, np.int64), np.array(sizes, np.int64),
+                                  np.dtype(np.uint8)), types)
 
 
 def string_array(field) -> list[str]:

@@ -289,3 +289,25 @@ def test_index_with_path_traversal_refused(hf_model):
 def test_gguf_same_activation_family_is_not_flagged(gguf_file):
     h = resolve_model(str(gguf_file(activation="gelu_new")))  # llama.cpp runs gelu: same function
     assert not any("llama.cpp would execute" in n for n in h.notes)
+
+
+def test_a_sound_file_is_walked_once_until_it_changes(gguf_file, monkeypatch):
+    """check_gguf_bounds remembers a sound file by path, inode, size and mtime: the command's
+    argument check and its loader walk it once; a rewritten file is walked (and refused) again."""
+    import os
+
+    from aios.models import gguf_bounds
+
+    path = gguf_file()
+    walks = []
+    walk = gguf_bounds._walk
+    monkeypatch.setattr(gguf_bounds, "_walk", lambda buf: walks.append(1) or walk(buf))
+    gguf_bounds.check_gguf_bounds(path)
+    gguf_bounds.check_gguf_bounds(path)
+    assert len(walks) == 1
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+    os.utime(path, ns=(1, 1))  # a different stamp even within the clock's resolution
+    with pytest.raises(InvalidModelError, match="truncated or corrupt GGUF"):
+        gguf_bounds.check_gguf_bounds(path)
+    assert len(walks) == 2
