@@ -19,6 +19,8 @@ with R1 measured through aios-run on the file as stored. Peak RSS is the child's
 starts from its parent's peak on Linux). Needs ~2.3 × the f16 size of free disk for a while.
 
     python benchmarks/check_time_memory.py --falcon-7b-gguf Q4_K_M --layers 32 --samples 8 --max-tokens 64
+
+``--samples 0`` runs the check with its default calibration (every sample, 128 tokens each).
 """
 
 from __future__ import annotations
@@ -114,6 +116,10 @@ def build_falcon_shards(folder: Path, layers: int) -> int:
     return n
 
 
+def _samples(args) -> list[str]:
+    return ["--samples", str(args.samples)] if args.samples else []
+
+
 def check_falcon_gguf(args, tmp: Path) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from runtime_vs_llamacpp import quantize_llamacpp
@@ -139,7 +145,7 @@ def check_falcon_gguf(args, tmp: Path) -> dict:
         steps["llama_cpp_quantize_s"] = round(quantize_llamacpp.last.seconds, 1)
         steps["llama_cpp_config"] = quantize_llamacpp.last.config
         f16.unlink()
-    cmd = [sys.executable, "-c", _CHECK, "check", str(q), "--samples", str(args.samples),
+    cmd = [sys.executable, "-c", _CHECK, "check", str(q), *_samples(args),
            "--max-tokens", str(args.max_tokens), "-o", str(tmp / "report"), "--format", "json"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -161,7 +167,8 @@ def check_falcon_gguf(args, tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=22)
-    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=64,
+                    help="calibration samples R1 runs; 0: the check's default (all of them)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the model in this folder")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--falcon-7b-gguf", metavar="PRESET", default=None,
@@ -180,7 +187,7 @@ def main() -> None:
         params = build(folder, args.layers) if not (folder / "config.json").exists() else None
         build_s = time.perf_counter() - t0
         model_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        cmd = [sys.executable, "-c", _CHECK, "check", str(folder), "--samples", str(args.samples),
+        cmd = [sys.executable, "-c", _CHECK, "check", str(folder), *_samples(args),
                "-o", str(tmp / "report"), "--format", "json"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
