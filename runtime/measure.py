@@ -67,7 +67,7 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
 
     model.ffn_act_hook = hook
     done = 0
-    with kept_unpacked():  # every pass multiplies the same matrices: unpack them once
+    with kept_unpacked(matrices=stored_matrices(model)):  # every pass multiplies the same matrices
         for pack in packs:
             _run_pack(model, encoded, pack)
             stats.tokens += sum(len(encoded[i]) for i in pack)
@@ -75,6 +75,13 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
             if progress:
                 progress(done, len(encoded))
     return stats
+
+
+def stored_matrices(model) -> list[tuple[str, int, int]]:
+    """(type, rows, values per row) of each distinct stored matrix a forward pass multiplies
+    (blocks and output head): what ``kernels.kept_unpacked`` sizes its choice on."""
+    ops = [model.output] + [m for L in model.layers for m in L.values() if hasattr(m, "parts")]
+    return list({id(p): (p.kind.lower(), p.n_out, p.n_in) for op in ops for p in op.parts()}.values())
 
 
 def _run_pack(model, encoded, pack) -> None:

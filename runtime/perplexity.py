@@ -37,11 +37,12 @@ def perplexity(model, ids: list[int], window: int = 128, per_token: bool = False
     """exp(mean NLL) of ``ids`` under ``model`` (a runtime.model.Model); the byte counter is paused,
     and the windows reuse the weights' unpacked form (``kernels.kept_unpacked``)."""
     from runtime.kernels import kept_unpacked
+    from runtime.measure import stored_matrices
 
     enabled = model.counter.enabled
     model.counter.enabled = False
     nll, count = 0.0, 0
-    with kept_unpacked():
+    with kept_unpacked(matrices=stored_matrices(model)):
         nll, count = _windows(model, ids, window, per_token, enabled)
     return {"perplexity": math.exp(nll / max(1, count)), "tokens_scored": count, "window": window,
             "per_token": per_token}

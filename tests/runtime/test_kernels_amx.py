@@ -162,3 +162,15 @@ def test_kept_unpacked_rows_are_reused_and_freed(monkeypatch, int8_gemm):
             K.mm_block_arith("q4_k", W, X, None, Y)
         assert len(calls) == 3 * per_matmul and amx._KEPT["mats"] == {}
     np.testing.assert_array_equal(Y, fresh)
+    one = amx.unpacked_bytes("q4_k", 40, 512)
+    calls.clear()
+    with amx.kept_unpacked(budget=one, matrices=[("q4_k", 40, 512), ("q4_k", 40, 512), ("f32", 9, 9)]):
+        for _ in range(2):  # half the passes' matrices fit: kept
+            K.mm_block_arith("q4_k", W, X, None, Y)
+        assert len(calls) == 1 and amx._KEPT["bytes"] == one
+    calls.clear()
+    with amx.kept_unpacked(budget=one, matrices=[("q4_k", 40, 512)] * 3):
+        for _ in range(2):  # a third fits: a cycle through them would gain a third, nothing is kept
+            K.mm_block_arith("q4_k", W, X, None, Y)
+        assert len(calls) == 2 * per_matmul and amx._KEPT["mats"] == {}
+    np.testing.assert_array_equal(Y, fresh)
