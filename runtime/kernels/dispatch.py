@@ -9,7 +9,7 @@ import numpy as np
 
 from runtime.kernels import amx, gemm
 from runtime.kernels.blocks32 import B32, B32_KIND, mm_b32
-from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8_for
+from runtime.kernels.blocks32_int import AFFINE_B32, INT_DOT_NAMES, mm_b32_int8
 from runtime.kernels.float_rows import (
     LUT_F16,
     ONE_ROW_X_BYTES,
@@ -22,7 +22,7 @@ from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.ir_helpers import int_dot_features
 from runtime.kernels.kq_tiles import B32_TILES, LANE_VALUES, SIGNED, arranged, mm_tiles, tiled
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
-from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8_for
+from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
 from runtime.kernels.sparse import decode_block_rows
 
@@ -90,13 +90,13 @@ def mm_block_int8(fmt, W, X, rows, Y):
     """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES or KQ_INT): integer
     block dot products, what llama.cpp computes (its error is the activations' 8-bit rounding).
     32-value types: Q8_0 activation blocks; KQ_INT: Q8_K blocks of 256 with group sums."""
-    # each type's own compiled kernel: a file compiles (and loads from the cache) only its types
+    # the every-type kernels, as runtime.decode_block calls them: the per-type ones
+    # (mm_b32_int8_for / mm_kq_int8_for) compile faster but, under fastmath, are not always the
+    # same bits (CI on a fresh cache: Q4_K, Q5_K, Q2_K and the compiled blocks' test differed)
     if fmt in KQ_INT_KIND:
-        kind = KQ_INT_KIND[fmt]
-        mm_kq_int8_for(kind)(W, *_quantized(X, "k"), rows, Y, kind)
+        mm_kq_int8(W, *_quantized(X, "k"), rows, Y, KQ_INT_KIND[fmt])
     else:
-        kind = B32_KIND[fmt]
-        mm_b32_int8_for(kind)(W, *_quantized(X, fmt in AFFINE_B32), rows, Y, kind)
+        mm_b32_int8(W, *_quantized(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
 
 
 def _dequantized(X, fmt):

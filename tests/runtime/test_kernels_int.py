@@ -70,21 +70,6 @@ def _deq(raw: np.ndarray, kind: str, n: int, k: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", K.INT8_TYPES)
-def test_one_types_kernel_equals_the_every_type_kernel(kind):
-    """mm_block_int8 runs a kernel compiled for the matrix's type only (a file compiles its own
-    types); the every-type kernel (which runtime.decode_block calls) gives the same bits."""
-    n, nb, T = 11, 5, 3
-    raw = random_blocks(kind, n, nb, RNG)
-    xq, xd, xs = K.quantize_activations(RNG.standard_normal((T, 32 * nb), dtype=np.float32), kind in K.AFFINE_B32)
-    code = K.B32_KIND[kind]
-    one, every = np.zeros((T, n), np.float32), np.zeros((T, n), np.float32)
-    K.mm_b32_int8_for(code)(raw, xq, xd, xs, None, one, code)
-    K.mm_b32_int8(raw, xq, xd, xs, None, every, code)
-    assert one.tobytes() == every.tobytes() and one.any()
-    assert K.mm_b32_int8_for(code) is K.mm_b32_int8_for(code) is not K.mm_b32_int8
-
-
-@pytest.mark.parametrize("kind", K.INT8_TYPES)
 @pytest.mark.parametrize("nb,T", [(1, 1), (2, 2), (16, 1), (18, 1), (37, 3)])
 def test_int8_kernel_equals_quantized_activation_reference(kind, nb, T):
     n, k = 9, 32 * nb

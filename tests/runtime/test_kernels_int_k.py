@@ -75,21 +75,6 @@ def _deq(raw, kind, n, k):
 
 
 @pytest.mark.parametrize("kind", K.KQ_INT)
-def test_one_types_kernel_equals_the_every_type_kernel(kind):
-    """As for the 32-value blocks: mm_block_int8's kernel for one K-quant type gives the bits of
-    the every-type kernel runtime.decode_block calls."""
-    n, nsb, T = 9, 2, 3
-    raw = random_blocks(kind, n, nsb, RNG)
-    xq, xd, xb = K.quantize_activations_k(RNG.standard_normal((T, QK_K * nsb), dtype=np.float32))
-    code = K.KQ_INT_KIND[kind]
-    one, every = np.zeros((T, n), np.float32), np.zeros((T, n), np.float32)
-    K.mm_kq_int8_for(code)(raw, xq, xd, xb, None, one, code)
-    K.mm_kq_int8(raw, xq, xd, xb, None, every, code)
-    assert one.tobytes() == every.tobytes() and one.any()
-    assert K.mm_kq_int8_for(code) is K.mm_kq_int8_for(code) is not K.mm_kq_int8
-
-
-@pytest.mark.parametrize("kind", K.KQ_INT)
 @pytest.mark.parametrize("nsb,T", [(1, 1), (2, 3), (5, 2)])
 def test_int8_kq_kernel_equals_quantized_activation_reference(kind, nsb, T):
     n, k = 9, QK_K * nsb
