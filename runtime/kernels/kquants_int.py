@@ -448,12 +448,3 @@ def _mm_kq_int8(fixed: int):
 
 # (runtime.decode_block calls it from inside its own compiled function too)
 mm_kq_int8 = _mm_kq_int8(-1)
-_KQ_INT8_BY_KIND: dict = {}
-
-
-def mm_kq_int8_for(kind: int):
-    """``mm_kq_int8`` compiled for one ``kind`` only (same arguments; ``kind`` is ignored)."""
-    f = _KQ_INT8_BY_KIND.get(kind)
-    if f is None:
-        f = _KQ_INT8_BY_KIND[kind] = _mm_kq_int8(kind)
-    return f
