@@ -549,38 +549,26 @@ dot4i_q5_0, dot4i_q5_1, dot4i_iq4_nl = _dot4_b32_int("q5_0"), _dot4_b32_int("q5_
 AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products take Q8_1 activations
 
 
-def _mm_b32_int8(fixed: int):
-    """The one-token int8 kernel of 32-value blocks: for every ``kind`` (``fixed`` < 0: the
-    kind is an argument) or for one (``fixed``: a constant numba freezes, so LLVM drops the other
-    types' code). Each type's branch costs ~1.5-2.5 s of compiling: a file compiles only its own
-    types' (a fresh cache's first generate of the real Gemma: Q8_0 and Q5_0 of six)."""
-
-    @njit(parallel=True, fastmath=True, cache=True)  # (cached per ``fixed``: numba keys closures by their cells)
-    def mm_b32_int8(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uint8; x quantized
-        kind = kind if fixed < 0 else fixed
-        T = xq.shape[0]
-        nb = xd.shape[1]
-        n = row_count(rows, W)
-        for g in prange((n + 3) // 4):
-            i0, i1, i2, i3 = group4(rows, n, g)
-            n0, n1, n2, n3 = group4(rows, n, g + AHEAD)
-            for t in range(T):
-                if kind == 0:
-                    y = dot4i_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-                elif kind == 1:
-                    y = dot4i_q4_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-                elif kind == 2:
-                    y = dot4i_q4_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-                elif kind == 3:
-                    y = dot4i_q5_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-                elif kind == 4:
-                    y = dot4i_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-                else:
-                    y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
-                store_group(Y, t, rows, n, 4 * g, 1, y)
-
-    return mm_b32_int8
-
-
 # (runtime.decode_block calls it from inside its own compiled function too)
-mm_b32_int8 = _mm_b32_int8(-1)
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_b32_int8(W, xq, xd, xs, rows, Y, kind):  # W (n, k/32 · block bytes) uint8; x quantized
+    T = xq.shape[0]
+    nb = xd.shape[1]
+    n = row_count(rows, W)
+    for g in prange((n + 3) // 4):
+        i0, i1, i2, i3 = group4(rows, n, g)
+        n0, n1, n2, n3 = group4(rows, n, g + AHEAD)
+        for t in range(T):
+            if kind == 0:
+                y = dot4i_q8_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 1:
+                y = dot4i_q4_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 2:
+                y = dot4i_q4_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 3:
+                y = dot4i_q5_0(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            elif kind == 4:
+                y = dot4i_q5_1(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            else:
+                y = dot4i_iq4_nl(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xs[t], nb)
+            store_group(Y, t, rows, n, 4 * g, 1, y)

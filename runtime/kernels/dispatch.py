@@ -90,9 +90,8 @@ def mm_block_int8(fmt, W, X, rows, Y):
     """``mm_block`` with X quantized to int8 blocks first (one of INT8_TYPES or KQ_INT): integer
     block dot products, what llama.cpp computes (its error is the activations' 8-bit rounding).
     32-value types: Q8_0 activation blocks; KQ_INT: Q8_K blocks of 256 with group sums."""
-    # the every-type kernels, as runtime.decode_block calls them: kernels built per type (the
-    # factories' ``fixed``) compile faster but, under fastmath, were not always the same bits
-    # (CI on a fresh cache: Q4_K, Q5_K, Q2_K and the compiled blocks' test differed)
+    # the every-type kernels, as runtime.decode_block calls them: kernels built per type compile
+    # faster but, under fastmath, were not always the same bits (docs/benchmarks.md, start-up)
     if fmt in KQ_INT_KIND:
         mm_kq_int8(W, *_quantized(X, "k"), rows, Y, KQ_INT_KIND[fmt])
     else:

@@ -414,37 +414,26 @@ dot4i_iq4_xs, dot4i_q2_k, dot4i_q3_k = _dot4_kq_int("iq4_xs"), _dot4_kq_int("q2_
 KQ_INT_KIND = {fmt: i for i, fmt in enumerate(KQ_INT)}  # the run-time ``kind`` of mm_kq_int8
 
 
-def _mm_kq_int8(fixed: int):
-    """The one-token int8 kernel of the KQ_INT types: for every ``kind`` (``fixed`` < 0) or for
-    one (``fixed``, frozen by numba: the file's own types are all that compile; see
-    blocks32_int._mm_b32_int8)."""
-
-    @njit(parallel=True, fastmath=True, cache=True)  # (cached per ``fixed``: numba keys closures by their cells)
-    def mm_kq_int8(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; x as Q8_K
-        kind = kind if fixed < 0 else fixed
-        T = xq.shape[0]
-        nsb = xd.shape[1]
-        n = row_count(rows, W)
-        for g in prange((n + 3) // 4):
-            i0, i1, i2, i3 = group4(rows, n, g)
-            n0, n1, n2, n3 = group4(rows, n, g + AHEAD)
-            for t in range(T):
-                if kind == 0:
-                    y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-                elif kind == 1:
-                    y = dot4i_q5_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-                elif kind == 3:
-                    y = dot4i_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-                elif kind == 4:
-                    y = dot4i_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-                elif kind == 5:
-                    y = dot4i_q3_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-                else:
-                    y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
-                store_group(Y, t, rows, n, 4 * g, 1, y)
-
-    return mm_kq_int8
-
-
 # (runtime.decode_block calls it from inside its own compiled function too)
-mm_kq_int8 = _mm_kq_int8(-1)
+@njit(parallel=True, fastmath=True, cache=True)
+def mm_kq_int8(W, xq, xd, xb, rows, Y, kind):  # W (n, k/QK_K · block bytes) uint8; x as Q8_K
+    T = xq.shape[0]
+    nsb = xd.shape[1]
+    n = row_count(rows, W)
+    for g in prange((n + 3) // 4):
+        i0, i1, i2, i3 = group4(rows, n, g)
+        n0, n1, n2, n3 = group4(rows, n, g + AHEAD)
+        for t in range(T):
+            if kind == 0:
+                y = dot4i_q4_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 1:
+                y = dot4i_q5_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 3:
+                y = dot4i_iq4_xs(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 4:
+                y = dot4i_q2_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            elif kind == 5:
+                y = dot4i_q3_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            else:
+                y = dot4i_q6_k(W[i0], W[i1], W[i2], W[i3], W[n0], W[n1], W[n2], W[n3], xq[t], xd[t], xb[t], nsb)
+            store_group(Y, t, rows, n, 4 * g, 1, y)
