@@ -20,7 +20,8 @@ starts from its parent's peak on Linux). Needs ~2.3 × the f16 size of free disk
 
     python benchmarks/check_time_memory.py --falcon-7b-gguf Q4_K_M --layers 32 --samples 8 --max-tokens 64
 
-``--samples 0`` runs the check with its default calibration (every sample, 128 tokens each).
+``--samples 0`` runs the check with its default calibration (every sample, 128 tokens each, R1
+stopping once the set's pass or fail is settled); ``--full-calibration`` makes R1 run them all.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def build_falcon_shards(folder: Path, layers: int) -> int:
 
 
 def _samples(args) -> list[str]:
-    return ["--samples", str(args.samples)] if args.samples else []
+    return (["--samples", str(args.samples)] if args.samples else []) + \
+        (["--full-calibration"] if args.full_calibration else [])
 
 
 def check_falcon_gguf(args, tmp: Path) -> dict:
@@ -158,6 +160,7 @@ def check_falcon_gguf(args, tmp: Path) -> dict:
            "peak_rss_over_file_bytes": round(hwm[-1] / size, 3) if hwm else None, "exit_code": proc.returncode}
     if report:
         out["per_requirement_seconds"] = {r["id"]: round(r["seconds"], 2) for r in report["requirements"]}
+        out["calibration"] = {k: report["calibration"].get(k) for k in ("samples", "samples_measured", "tokens")}
         out["requirements"] = {r["id"]: {k: r.get(k) for k in ("status", "value", "evidence")} for r in report["requirements"]}
     else:
         out["stderr_tail"] = proc.stderr[-2000:]
@@ -170,6 +173,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=64,
                     help="calibration samples R1 runs; 0: the check's default (all of them)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the model in this folder")
+    ap.add_argument("--full-calibration", action="store_true",
+                    help="pass --full-calibration: R1 runs every sample even once its pass or fail is settled")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--falcon-7b-gguf", metavar="PRESET", default=None,
                     help="Check llama.cpp's PRESET (e.g. Q4_K_M) of a Falcon-7B-dimension model instead.")

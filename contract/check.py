@@ -74,11 +74,14 @@ def check_model(
     progress: Progress = no_progress,
     baseline: str | ModelHandle | None = None,
     max_ppl_ratio: float = DEFAULT_MAX_PPL_RATIO,
+    full_calibration: bool = False,
 ) -> CheckReport:
     """Score ``model`` against R1–R5. Library entry point behind ``aios-contract check``.
 
     With ``baseline`` the held-out perplexity of both is measured and the gate also requires
-    perplexity / baseline perplexity ≤ ``max_ppl_ratio`` (contract.quality).
+    perplexity / baseline perplexity ≤ ``max_ppl_ratio`` (contract.quality). R1 on a GGUF stops
+    once the calibration set's pass or fail is settled (runtime.measure); ``full_calibration``
+    runs every text.
     """
     t0 = time.perf_counter()
     require = [r.strip().upper() for r in (require or []) if r.strip()]
@@ -101,7 +104,7 @@ def check_model(
     texts = load_texts(calibration, limit=samples)
     ctx = CheckContext(calibration_texts=texts, calibration_source=str(calibration or CALIBRATION_FILE.name),
                        max_tokens=max_tokens, context=context, progress=progress,
-                       keep_model=base is not None)
+                       keep_model=base is not None, full_calibration=full_calibration)
     results: dict[str, RequirementResult] = {}
     for rid, fn in CHECKS:
         t = time.perf_counter()
@@ -138,6 +141,7 @@ def check_model(
             "sha256": texts_sha256(texts),
             "max_tokens": max_tokens,
             "tokens": stats.tokens if stats else 0,
+            "samples_measured": len(stats.text_tokens) if stats and stats.text_tokens else len(texts),
         },
         requirements=[results[r] for r in REQUIREMENT_IDS],
         tier=tier["id"],

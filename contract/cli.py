@@ -119,6 +119,8 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
 @click.option("--calibration", type=click.Path(dir_okay=False), help="JSONL (text field) or TXT prompts; default: bundled set.")
 @click.option("--samples", type=int, default=None, help="Use only the first N calibration samples.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per calibration sample (each sample is cut to this many).")
+@click.option("--full-calibration", is_flag=True,
+              help="R1 on a GGUF: run every calibration sample, even after the set's pass or fail is settled.")
 @click.option("--require-tier", type=click.Choice(tier_ids()), default=None,
               help="Exit 1 unless the model reaches this tier.")
 @click.option("--require", "require", default="", help="Comma-separated requirements that must pass, e.g. R1,R3.")
@@ -138,7 +140,7 @@ def inspect(model: str, as_json: bool, max_tensors: int, allow_pickle: bool) -> 
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (the aios-report.json schema) instead of tables.")
 @click.option("--allow-pickle", is_flag=True, help=ALLOW_PICKLE_HELP)
-def check(model, calibration, samples, max_tokens, require_tier, require, context, formats, bench_file,
+def check(model, calibration, samples, max_tokens, full_calibration, require_tier, require, context, formats, bench_file,
           out_dir, baseline, max_ppl_ratio, as_json, allow_pickle) -> None:
     """Score MODEL against R1-R5 by measurement; the exit code is the CI gate.
 
@@ -175,7 +177,7 @@ def check(model, calibration, samples, max_tokens, require_tier, require, contex
             bar.update(tasks[desc], completed=done, total=total)
 
         report = check_model(_model_arg(model, allow_pickle), calibration=calibration, samples=samples,
-                             max_tokens=max_tokens, context=context, require_tier=require_tier,
+                             max_tokens=max_tokens, full_calibration=full_calibration, context=context, require_tier=require_tier,
                              require=require.split(",") if require else [], progress=progress,
                              baseline=_model_arg(baseline, allow_pickle) if baseline is not None else None,
                              max_ppl_ratio=max_ppl_ratio)

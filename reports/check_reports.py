@@ -176,7 +176,10 @@ def to_markdown(report: CheckReport, bench: dict | None = None) -> str:
     lines += _measured_markdown(report, bench)
     if report.calibration:
         c = report.calibration
-        lines += ["", f"Calibration: {c['samples']} samples from {c['source']}, {c['tokens']:,} tokens "
+        measured = c.get("samples_measured", c["samples"])
+        used = f"{c['samples']} samples" if measured >= c["samples"] else \
+            f"{measured} of {c['samples']} samples (R1 settled)"
+        lines += ["", f"Calibration: {used} from {c['source']}, {c['tokens']:,} tokens "
                       f"(≤ {c['max_tokens']} per sample), sha256 `{c['sha256'][:12]}`."]
     return fit_step_summary("\n".join(lines) + "\n")
 

@@ -214,7 +214,9 @@ def check_html(report: CheckReport, bench: dict | None = None) -> str:
            f"(exit {g.exit_code}) · model <code>{esc(m.get('path') or m.get('hub_id') or m['spec'])}</code> "
            f"({esc(m.get('kind', ''))}, {esc(m.get('architecture', ''))}) · aios-contract {esc(report.tool_version)} "
            f"· {esc(report.created_utc)} · {report.seconds:.1f} s")
-    cal = (f"<p>Calibration: {c.get('samples')} samples from {esc(c.get('source'))}, {fmt(c.get('tokens'))} tokens "
+    used = (f"{c.get('samples')} samples" if c.get("samples_measured", c.get("samples")) == c.get("samples")
+            else f"{c.get('samples_measured')} of {c.get('samples')} samples (R1 settled)")
+    cal = (f"<p>Calibration: {used} from {esc(c.get('source'))}, {fmt(c.get('tokens'))} tokens "
            f"(≤ {c.get('max_tokens')} per sample), sha256 <code>{esc(str(c.get('sha256', ''))[:16])}</code>.</p>"
            if c else "")
     facts = m.get("facts") or {}

@@ -16,6 +16,52 @@ import numpy as np
 from aios.models import ModelHandle
 
 
+# An early decision on the whole calibration set (runtime.measure, R1 on a GGUF): stop once the
+# set's mean exact-zero fraction is known to lie on one side of R1's floor. The interval is
+# DECISION_Z standard errors of the ratio estimator wide; a stop is looked for after each forward
+# pass (at most ~50 looks for the bundled set), so even with the looks counted separately
+# (Bonferroni) the chance of deciding the other way than the whole set would is below 0.2 %
+# under the normal approximation, which DECISION_MIN_TEXTS texts make reasonable.
+DECISION_Z = 4.0
+DECISION_MIN_TEXTS = 24
+
+
+@dataclass(frozen=True)
+class SetEstimate:
+    """The calibration set's mean exact-zero fraction estimated from the texts measured so far,
+    a simple random sample of the set (runtime.measure runs the texts in a seeded random order):
+    the ratio estimator with the finite-population correction (Cochran, Sampling Techniques,
+    §6.3), whose interval closes to the measured value once every text is measured."""
+
+    value: float  # measured over the texts so far
+    low: float
+    high: float
+    texts: int  # measured
+    of: int  # in the set
+
+    def settles(self, floor: float) -> bool:
+        """Whether pass/fail against ``floor`` is known for the whole set."""
+        if self.texts >= self.of:
+            return True
+        return self.texts >= DECISION_MIN_TEXTS and (self.low >= floor or self.high < floor)
+
+
+def set_estimate(text_zeros: Sequence[float], text_tokens: Sequence[int], set_texts: int,
+                 set_tokens: int, z: float = DECISION_Z) -> SetEstimate:
+    """``text_zeros[i]``: text i's exact zeros summed over layers / (n_layers × d_ffn), i.e. its
+    zero fraction times its tokens ``text_tokens[i]``; ``set_texts``/``set_tokens``: the whole set."""
+    y, n = np.asarray(text_zeros, np.float64), np.asarray(text_tokens, np.float64)
+    k = len(y)
+    value = float(y.sum() / n.sum()) if k and n.sum() else 0.0
+    if k >= set_texts:
+        return SetEstimate(value, value, value, k, set_texts)
+    if k < 2:
+        return SetEstimate(value, 0.0, 1.0, k, set_texts)
+    s2 = float(((y - value * n) ** 2).sum() / (k - 1))
+    se = float(np.sqrt((1.0 - k / set_texts) * s2 / k)) / (set_tokens / set_texts)
+    return SetEstimate(value, max(0.0, value - z * se), min(1.0, value + z * se), k, set_texts)
+
+
 @dataclass
 class FfnActivity:
     """Per-layer counts over every calibration token (shapes in comments)."""
@@ -27,6 +73,12 @@ class FfnActivity:
     near_zeros: np.ndarray = field(default=None)  # type: ignore[assignment]  # (L,) |x| < eps
     neuron_active: np.ndarray = field(default=None)  # type: ignore[assignment]  # (L, d_ffn) x != 0
     eps: float = 1e-3
+    # per text measured, in the order run (runtime.measure): its exact zeros over all layers /
+    # (n_layers × d_ffn), and its tokens; with the whole set's size, for set_estimate
+    text_zeros: list[float] = field(default_factory=list)
+    text_tokens: list[int] = field(default_factory=list)
+    set_texts: int = 0
+    set_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.zeros is None:
@@ -53,6 +105,13 @@ class FfnActivity:
     @property
     def mean_near_zero_fraction(self) -> float:
         return float(self.near_zero_fraction.mean())
+
+    def set_estimate(self) -> SetEstimate | None:
+        """The whole set's mean exact-zero fraction from the texts measured (None where the
+        measurement did not record texts one by one)."""
+        if not self.text_tokens or not self.set_texts:
+            return None
+        return set_estimate(self.text_zeros, self.text_tokens, self.set_texts, self.set_tokens)
 
 
 def _module(model, dotted: str):

@@ -9,7 +9,8 @@ from its JSON, the special tokens, ``clean_up_tokenization_spaces`` and the chat
 stored attributes, and does what transformers' ``TokenizersBackend`` (5.x) does with them for
 ``tok(text)``, ``tok.decode(ids)``, ``get_vocab``, ``convert_ids_to_tokens`` /
 ``convert_tokens_to_ids`` and the ``*_token`` / ``*_token_id`` attributes, to the same ids and
-text. Everything else (``apply_chat_template``, batches, padding, any other attribute or keyword)
+text, and renders a chat to text through transformers' renderer (``chat_render``). Everything else
+(``apply_chat_template`` to ids, batches, padding, any other attribute or keyword)
 is the full transformers tokenizer's, loaded the first time it is asked for.
 
 The entry's class must be one of ``LIGHT_CLASSES``, transformers classes whose encode / decode
@@ -24,7 +25,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from aios.models import gguf_tokenizer
+from aios.models import chat_render, gguf_tokenizer
 
 # (module, qualname) of the transformers tokenizer classes a LightTokenizer stands in for
 LIGHT_CLASSES = frozenset({
@@ -235,6 +236,6 @@ class LightTokenizer:
     def batch_decode(self, sequences, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool | None = None):
         return [self.decode(s, skip_special_tokens, clean_up_tokenization_spaces) for s in sequences]
 
-    # -- chat: transformers renders templates (jinja2 in a sandbox, its own helpers) --
+    # -- chat: transformers' renderer (jinja2 in a sandbox, its own helpers), not its tokenizer --
     def apply_chat_template(self, *args, **kwargs):
-        return self.full_tokenizer().apply_chat_template(*args, **kwargs)
+        return chat_render.apply_chat_template(self, *args, **kwargs)

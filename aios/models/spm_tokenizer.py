@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aios.models import chat_render
+
 SPM = "llama"  # tokenizer.ggml.model of a SentencePiece vocabulary
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # gguf.TokenType
 # transformers builds these architectures' SentencePiece tokenizers with GemmaTokenizer, whose
@@ -319,8 +321,15 @@ class SpmTokenizer:
             self._full = gguf_tokenizer.load_gguf_tokenizer(self._path)
         return self._full
 
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """The named special tokens a chat template sees (bos_token, ...), as transformers passes them."""
+        named = (("bos_token", self.bos_token), ("eos_token", self.eos_token), ("unk_token", self.unk_token),
+                 ("pad_token", self.pad_token))
+        return {k: v for k, v in named if v is not None}
+
     def apply_chat_template(self, *args, **kwargs):
-        return self.full_tokenizer().apply_chat_template(*args, **kwargs)
+        return chat_render.apply_chat_template(self, *args, **kwargs)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

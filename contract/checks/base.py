@@ -24,6 +24,7 @@ class CheckContext:
     progress: Progress = no_progress
     cache: dict[str, Any] = field(default_factory=dict)  # shared measurements (e.g. R1 stats)
     keep_model: bool = False  # keep R1's loaded (model, tokenizer) in cache["torch_model"] (quality gate)
+    full_calibration: bool = False  # R1 on a GGUF: every text, even once pass/fail is settled
 
     def spec(self, rid: str) -> dict[str, Any]:
         return requirement(rid, self.spec_version)

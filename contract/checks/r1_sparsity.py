@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from aios.errors import AiosError, ExitCode
-from aios.measure.ffn import FfnActivity, measure_ffn_activity
+from aios.measure.ffn import DECISION_MIN_TEXTS, DECISION_Z, FfnActivity, SetEstimate, measure_ffn_activity
 from aios.models import ModelHandle
 from aios.models.handle import IncompleteWeightsError
 from contract.checks.base import CheckContext
@@ -47,7 +47,8 @@ def activity(handle: ModelHandle, ctx: CheckContext) -> FfnActivity:
         ctx.cache["ffn_activity"] = measure_ffn_activity_gguf(
             handle.path, ctx.calibration_texts, handle.load_tokenizer(), max_tokens=ctx.max_tokens,
             eps=ctx.spec(ID)["near_zero_eps"],
-            progress=lambda done, _tot: ctx.progress("R1: running calibration prompts in aios-run", done, n))
+            progress=lambda done, _tot: ctx.progress("R1: running calibration prompts in aios-run", done, n),
+            settle_at=None if ctx.full_calibration else ctx.spec(ID)["min_mean_zero_fraction"])
     if "ffn_activity" not in ctx.cache:
         n = len(ctx.calibration_texts)
         model, tokenizer = handle.load_torch(), handle.load_tokenizer()
@@ -112,6 +113,7 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         Metric(name="mean_near_zero_fraction", value=round(stats.mean_near_zero_fraction, 6),
                evidence=Evidence.measured, note=f"|x| < {stats.eps:g}; information only, not exact zeros"),
         Metric(name="calibration_tokens", value=stats.tokens, evidence=Evidence.measured),
+        *_set_metrics(stats.set_estimate()),
         Metric(name="min_layer_exact_zero_fraction", value=round(float(stats.zero_fraction.min()), 6),
                evidence=Evidence.measured),
     ]
@@ -128,6 +130,12 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         # per layer: how many neurons fire on a fraction of tokens in each bin (for plots)
         "neuron_frequency_histogram": _histogram(stats.neuron_frequency, FREQ_BINS),
     }
+    est = stats.set_estimate()
+    early = est is not None and est.texts < est.of
+    if early:  # runtime.measure stopped once the whole set's side of the floor was settled
+        details["early_decision"] = {
+            "texts_measured": est.texts, "texts_in_set": est.of, "interval": [round(est.low, 6), round(est.high, 6)],
+            "z": DECISION_Z, "min_texts": DECISION_MIN_TEXTS, "order": "seeded random permutation (seed 0)"}
     passed = relu and mean >= floor
     if passed:
         summary = f"{mean:.1%} of FFN activations are exact zeros (≥ {floor:.0%})."
@@ -138,12 +146,23 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
                    f"{stats.mean_near_zero_fraction:.1%}; relufy to pass.")
     else:
         summary = f"Only {mean:.1%} of FFN activations are exact zeros (needs ≥ {floor:.0%})."
+    if early:
+        summary += (f" Measured on {est.texts} of {est.of} calibration texts, where the set's pass or fail was "
+                    f"settled: its mean lies in [{est.low:.1%}, {est.high:.1%}] (±{DECISION_Z:g} standard "
+                    "errors); --full-calibration measures every text.")
     return RequirementResult(
         **base, status=Status.passed if passed else Status.failed, evidence=Evidence.measured,
         metrics=metrics, details=details, summary=summary,
         formula="mean over layers of (#x == 0) / (tokens × d_ffn), x = input of the FFN output projection",
         seconds=time.perf_counter() - t0,
     )
+
+
+def _set_metrics(est: SetEstimate | None) -> list[Metric]:
+    if est is None:
+        return []
+    return [Metric(name="calibration_texts", value=est.texts, evidence=Evidence.measured,
+                   note=f"of {est.of} in the set" + ("" if est.texts == est.of else ": the decision was settled"))]
 
 
 def _deciles(row):

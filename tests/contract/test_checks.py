@@ -304,3 +304,24 @@ def test_non_positive_option_is_named():
     for kw, name in (({"context": 0}, "--context"), ({"max_tokens": -1}, "--max-tokens"), ({"samples": 0}, "--samples")):
         with pytest.raises(UsageError, match=name):
             check_model("tiny-falcon", **kw)
+
+
+def test_r1_on_gguf_stops_once_settled_and_says_so(tmp_path):
+    """The GELU falcon's ~0 % is settled long before 60 texts: the result names how many texts
+    it measured and the interval; --full-calibration (ctx.full_calibration) runs every text."""
+    from aios.models.aliases import FIXTURES_DIR
+    from convert.gguf import GGUFExportConfig, export_gguf
+
+    out = tmp_path / "gelu.gguf"
+    export_gguf(str(FIXTURES_DIR / "tiny-falcon"), out, GGUFExportConfig(outtype="f32"))
+    early = r1_sparsity.check(resolve_model(str(out)), ctx(60))
+    texts = early.metric("calibration_texts")
+    assert 24 <= texts.value < 60 and "settled" in texts.note
+    d = early.details["early_decision"]
+    assert d["texts_measured"] == texts.value and d["texts_in_set"] == 60 and d["interval"][1] < 0.7
+    assert early.status == Status.failed and f"on {texts.value} of 60 calibration texts" in early.summary
+    full_ctx = ctx(60)
+    full_ctx.full_calibration = True
+    full = r1_sparsity.check(resolve_model(str(out)), full_ctx)
+    assert full.metric("calibration_texts").value == 60 and "early_decision" not in full.details
+    assert full.metric("calibration_tokens").value > early.metric("calibration_tokens").value

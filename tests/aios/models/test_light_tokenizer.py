@@ -7,7 +7,7 @@ BPE: Falcon, Llama 3, Qwen2, ...) it must give the transformers tokenizer's ids 
 the model's special tokens, special tokens written as text, unicode, whitespace runs, the empty
 string) and text (with and without the special tokens; with transformers' clean-up of spaces when
 a tokenizer asks for it), read no GGUF and import no transformers; a GGUF not yet cached builds
-and caches as before, and what it does not mirror (chat templates, batches) is transformers'.
+and caches as before, and what it does not mirror (chat templates to ids, batches) is transformers'.
 """
 
 from __future__ import annotations
@@ -144,13 +144,18 @@ def test_an_entry_the_light_load_cannot_read_goes_the_full_way(damage, monkeypat
     assert tok(TEXTS[10])["input_ids"] == want
 
 
-def test_what_is_not_mirrored_is_the_transformers_tokenizers(tokenizer_cache):
-    path = REFERENCE / "gemma2.llamacpp.f16.gguf"
+@pytest.mark.parametrize("name", ["gemma2", "qwen2"])
+def test_what_is_not_mirrored_is_the_transformers_tokenizers(name, tokenizer_cache):
+    """A chat rendered to text is transformers' renderer's text without its tokenizer (aios-run
+    generate --chat); batches are the transformers tokenizer's."""
+    path = REFERENCE / f"{name}.llamacpp.f16.gguf"
     full = load_gguf_tokenizer(path)
     light = load_gguf_tokenizer_light(path)
-    messages = [{"role": "user", "content": "  Hi 123 "}]
+    messages = [{"role": "user", "content": "  Hi 123 "}, {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "y"}]
     kw = {"chat_template": TEMPLATE, "add_generation_prompt": True, "tokenize": False}
     assert light.apply_chat_template(messages, **kw) == full.apply_chat_template(messages, **kw)
+    assert light.__dict__.get("_full") is None
     assert light(TEXTS[1:4], padding=True)["input_ids"] == full(TEXTS[1:4], padding=True)["input_ids"]
     assert light.added_tokens_decoder.keys() == full.added_tokens_decoder.keys()
 

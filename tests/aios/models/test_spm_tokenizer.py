@@ -174,3 +174,48 @@ def test_the_runtime_loads_an_spm_vocabulary_without_transformers(tmp_path):
     name, imported, ids = out.stdout.split(" ", 2)
     assert (name, imported) == ("SpmTokenizer", "False")
     assert eval(ids) == load_spm_tokenizer(path)("Hi there")["input_ids"]
+
+
+TURNS = [[{"role": "user", "content": "Hi there"}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+          {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]]
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
+            "{% endif %}<t>{{ m['role'] }}\n{{ m['content'] | trim }}</t>\n{% endfor %}"
+            "{% if add_generation_prompt %}<t>model\n{% endif %}{{ eos_token | tojson }}")
+
+
+def test_a_chat_renders_as_transformers_renders_it_without_its_tokenizer(tmp_path):
+    """``generate --chat``'s call (one conversation to text) on the file's own template: the same
+    text as transformers' tokenizer of the file, template errors as its errors, and the
+    transformers tokenizer never built; any other call is handed to it."""
+    tok = _tiny(tmp_path, [("▁a", -1.0, 1)], chat_template=TEMPLATE, bos_token_id=1, eos_token_id=2)
+    ref = load_gguf_tokenizer(tok._path)
+    for gen in (False, True):
+        got = tok.apply_chat_template(TURNS[0], add_generation_prompt=gen, tokenize=False)
+        assert got == ref.apply_chat_template(TURNS[0], add_generation_prompt=gen, tokenize=False)
+        assert got.startswith("<s><t>user\nHi there</t>\n") and got.endswith('"</s>"')
+    with pytest.raises(Exception, match="no system"):
+        tok.apply_chat_template(TURNS[1], tokenize=False)
+    other = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    assert tok.apply_chat_template(TURNS[1], chat_template=other, tokenize=False) == "[Be brief.][2+2?][4][And 3+3?]"
+    assert tok._full is None
+    assert tok.apply_chat_template(TURNS[0], chat_template=other) == ref.apply_chat_template(TURNS[0], chat_template=other)
+
+
+@pytest.mark.real_model
+def test_the_real_gemmas_chat_renders_as_transformers(real_gemma):
+    """GGUF-my-repo's file carries no tokenizer.chat_template (--chat needs --chat-template there):
+    a Gemma-style template given as ``chat_template``, with the file's own <bos>."""
+    gemma = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+             "else m['role'] }}\n{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+             "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    tok = load_spm_tokenizer(real_gemma)
+    ref = load_gguf_tokenizer(real_gemma)
+    assert tok.chat_template is None is ref.chat_template
+    for turns in TURNS:
+        for gen in (False, True):
+            got = tok.apply_chat_template(turns, chat_template=gemma, add_generation_prompt=gen, tokenize=False)
+            assert got == ref.apply_chat_template(turns, chat_template=gemma, add_generation_prompt=gen,
+                                                  tokenize=False)
+            assert got.startswith("<bos><start_of_turn>")
+    assert tok._full is None
