@@ -44,7 +44,7 @@ from convert.gguf import (ExportPlan, ExportResult, GGUFExportConfig, PlannedTen
                           check_exportable, check_outtype, export_gguf, gguf_name, gguf_name_map,
                           plan_tensor, plan_tensors, provenance, write_plan)
 from convert.gguf.plan import SPARSE_DOWN, neuron_major_down
-from convert.gguf.tensors import EncodedTensor, apply_layout, choose_type, encoded_nbytes
+from convert.gguf.tensors import EncodedTensor, apply_layout, choose_type, encoded_nbytes, like_types
 from convert.gguf.tokenizer import read_tokenizer
 
 
@@ -52,7 +52,13 @@ NEURON_MAJOR_DOWN = re.compile(r"blk\.\d+\.ffn_down\.weight")  # the GGUF names 
 
 
 def export_alias_gguf(folder: str | Path | ModelHandle, output: str | Path, *, outtype: str = "f32",
-                      dealias: bool = False, sparse_down: bool = False) -> ExportResult:
+                      dealias: bool = False, sparse_down: bool = False,
+                      like: str | Path | None = None) -> ExportResult:
+    """The aliased GGUF of an aliased folder (canonical + deltas, for aios-run), or with
+    ``dealias`` the standard one llama.cpp loads. ``like`` (a GGUF, e.g. the quantized file the
+    model came from): each tensor in the type that file has for it (``aios-convert gguf
+    --like``'s rule); an aliased file's canonical takes its first member's type, dense deltas
+    their member's, low-rank factors ``outtype``."""
     handle = folder if isinstance(folder, ModelHandle) else resolve_model(str(folder))
     groups = af.groups_of(handle)
     if not groups:
@@ -65,11 +71,12 @@ def export_alias_gguf(folder: str | Path | ModelHandle, output: str | Path, *, o
     if out.is_dir():
         raise UsageError(f"{out} is a folder; pass a file name such as {out / 'model.gguf'}.")
     if dealias:
-        return _dealiased(handle, groups, out, outtype)
-    return _aliased(handle, groups, out, outtype, sparse_down)
+        return _dealiased(handle, groups, out, outtype, like)
+    return _aliased(handle, groups, out, outtype, sparse_down, like)
 
 
-def _dealiased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str) -> ExportResult:
+def _dealiased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str,
+               like: str | Path | None = None) -> ExportResult:
     from safetensors.torch import save_file
 
     assert handle.path is not None
@@ -92,7 +99,7 @@ def _dealiased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: 
         for n in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
             if (handle.path / n).is_file():
                 shutil.copyfile(handle.path / n, tmp / n)
-        return export_gguf(str(tmp), out, GGUFExportConfig(outtype))
+        return export_gguf(str(tmp), out, GGUFExportConfig(outtype, like=str(like) if like else None))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -106,7 +113,7 @@ def check_sparse_down_layout(handle: ModelHandle) -> None:
 
 
 def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: str,
-             sparse_down: bool = False) -> ExportResult:
+             sparse_down: bool = False, like: str | Path | None = None) -> ExportResult:
     if not handle.arch.runtime:
         raise UnsupportedArchitectureError(
             f"Aliased GGUF export supports falcon and llama-family models (what aios-run runs); "
@@ -115,13 +122,15 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
     if sparse_down:
         check_sparse_down_layout(handle)
     # the standard tensors, planned exactly as aios-convert gguf plans them, plus the groups
-    plan = ExportPlan(handle, outtype, plan_tensors(handle, outtype, exclude=af.stored_alias_names(groups)))
+    like_map, file_type = like_types(like) if like else (None, None)
+    plan = ExportPlan(handle, outtype, plan_tensors(handle, outtype, exclude=af.stored_alias_names(groups),
+                                                    like=like_map), file_type=file_type)
     if sparse_down:
-        plan.tensors = neuron_major_down(handle, plan.tensors, outtype)
-    gguf_groups = [_plan_group(plan, g, outtype, sparse_down) for g in groups]
+        plan.tensors = neuron_major_down(handle, plan.tensors, outtype, keep_types=like_map is not None)
+    gguf_groups = [_plan_group(plan, g, outtype, sparse_down, like_map) for g in groups]
     plan.sort()
     # recorded as an aios-convert gguf export of the standard tensors (sparse_down only when on)
-    config = GGUFExportConfig(outtype, sparse_down=sparse_down)
+    config = GGUFExportConfig(outtype, sparse_down=sparse_down, like=str(like) if like else None)
     result = ExportResult(None, config, handle.arch.gguf_arch.lower(), plan.tensors, {})
     result.metadata, warnings, _ = aios_metadata(handle, outtype, plan.fallbacks, provenance(handle, config))
     result.warnings += warnings
@@ -144,7 +153,8 @@ def _aliased(handle: ModelHandle, groups: list[af.Group], out: Path, outtype: st
     return result
 
 
-def _plan_group(plan: ExportPlan, g: af.Group, outtype: str, sparse_down: bool = False) -> af.Group:
+def _plan_group(plan: ExportPlan, g: af.Group, outtype: str, sparse_down: bool = False,
+                like: dict[str, tuple[str, str | None]] | None = None) -> af.Group:
     """Add group ``g``'s canonical (once) and its members' deltas to ``plan``; the group's
     record with GGUF names. Layout rules apply to the canonical, dense and Q8_0 deltas and
     to ``lr_u``; ``lr_v`` is stored as is. With ``sparse_down`` an FFN down group is stored
@@ -156,8 +166,11 @@ def _plan_group(plan: ExportPlan, g: af.Group, outtype: str, sparse_down: bool =
     neuron_major = sparse_down and bool(NEURON_MAJOR_DOWN.fullmatch(gguf_name(tmap, g.members[0].weight, label)))
 
     def add(hf: str, gname: str, rule: str | None, force: str | None = None, q8_scales: str | None = None,
-            transposed: bool = False) -> str:
+            transposed: bool = False, like_of: str | None = None) -> str:
         p = plan_tensor(handle, gname, hf, outtype, rule=rule, force_type=force)
+        if like and like_of in like and force is None and len(p.shape) > 1:  # the source's type, blocks permitting
+            force = choose_type(p.shape, like[like_of][0])[0]
+            p = plan_tensor(handle, gname, hf, outtype, rule=rule, force_type=force)
         if transposed:  # neuron-major: the laid-out matrix transposed, typed by the rules on its new rows
             shape = tuple(reversed(p.shape))
             typ, why = choose_type(shape, force or outtype)
@@ -167,8 +180,8 @@ def _plan_group(plan: ExportPlan, g: af.Group, outtype: str, sparse_down: bool =
         plan.tensors.append(p)
         return p.name
 
-    gcan = add(g.canonical, af.canonical_name(gguf_name(tmap, g.members[0].weight, label)), rule,
-               transposed=neuron_major)
+    first = gguf_name(tmap, g.members[0].weight, label)
+    gcan = add(g.canonical, af.canonical_name(first), rule, transposed=neuron_major, like_of=first)
     members = []
     for m in g.members:
         gw = gguf_name(tmap, m.weight, label)
@@ -177,7 +190,8 @@ def _plan_group(plan: ExportPlan, g: af.Group, outtype: str, sparse_down: bool =
                                           q8_scales=m.tensors[1], transposed=neuron_major),)
         else:  # U (lr_u) stays as is when neuron-major: U·z reads all of it anyway
             names = tuple(add(hf, gn, None if gn.endswith(".lr_v") else rule,
-                              transposed=neuron_major and not gn.endswith(".lr_u"))
+                              transposed=neuron_major and not gn.endswith(".lr_u"),
+                              like_of=gw if m.encoding == "dense" else None)
                           for hf, gn in zip(m.tensors, af.delta_names(gw, m.encoding)))
         members.append(af.Member(m.layer, gw, m.encoding, names, m.rank))
     return af.Group(g.type, gcan, tuple(members), g.canonical_init)

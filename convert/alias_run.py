@@ -28,9 +28,10 @@ def _check_sparse_down(sparse_down: bool, gguf) -> None:
 
 
 def export_aliased(model: str, *, gguf: str | Path | None, dealias: str | Path | None,
-                   outtype: str, exported: ExportedFn | None = None, sparse_down: bool = False) -> list[ExportResult]:
+                   outtype: str, exported: ExportedFn | None = None, sparse_down: bool = False,
+                   like: str | Path | None = None) -> list[ExportResult]:
     """GGUFs of an already aliased folder: aliased (``gguf``, neuron-major down projections
-    with ``sparse_down``) and/or de-aliased (``dealias``).
+    with ``sparse_down``) and/or de-aliased (``dealias``), typed like the GGUF ``like`` if given.
 
     ``exported`` hears of each file as soon as it is written, before the next one starts.
     """
@@ -44,7 +45,7 @@ def export_aliased(model: str, *, gguf: str | Path | None, dealias: str | Path |
     for path, flat in ((gguf, False), (dealias, True)):
         if path:
             results.append(export_alias_gguf(model, path, outtype=outtype, dealias=flat,
-                                             sparse_down=sparse_down and not flat))
+                                             sparse_down=sparse_down and not flat, like=like))
             if exported:
                 exported(results[-1], flat)
     return results
@@ -61,7 +62,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
               exported: ExportedFn | None = None, train_data: str | Path | None = None,
               micro_batch: int | None = None, device: str | None = None,
               checkpoint_every: int | None = None, resume: bool = False,
-              sparse_down: bool = False) -> AliasResult | None:
+              sparse_down: bool = False, like: str | Path | None = None) -> AliasResult | None:
     """What ``aios-convert alias`` does with its options.
 
     ``out`` None: only export the already aliased ``model`` (:func:`export_aliased`; returns
@@ -70,23 +71,32 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
     are refused). ``None`` for a training option keeps its :class:`AliasTrainConfig` default.
     A distributed ``train`` run returns None on every process but rank 0. ``sparse_down``: the
     ``gguf`` output stores its FFN down projections neuron-major (``convert.alias_gguf``).
+    ``like``: a GGUF (e.g. the quantized file ``model`` came from) whose per-tensor types the
+    ``gguf``/``dealias`` outputs take instead of ``outtype``.
     """
+    if like is not None and not (gguf or dealias):
+        raise UsageError("--like types the GGUF outputs: pass --gguf OUT.gguf and/or --dealias OUT.gguf with it.")
+    if like is not None:  # a missing file is refused before minutes of aliasing
+        from convert.gguf.tensors import like_types
+
+        like_types(like)
     if out is None:
         export_aliased(model, gguf=gguf, dealias=dealias, outtype=outtype, exported=exported,
-                       sparse_down=sparse_down)
+                       sparse_down=sparse_down, like=like)
         return None
     _check_sparse_down(sparse_down, gguf)
-    if sparse_down:  # alias without the aliased GGUF, then export it neuron-major from the written folder
+    if sparse_down or like is not None:  # alias without those GGUFs, then export them from the written folder
         from aios.models import ModelHandle, resolve_model
         from convert.alias_gguf import check_sparse_down_layout
 
-        # refused before minutes of aliasing, not after them
-        check_sparse_down_layout(model if isinstance(model, ModelHandle) else resolve_model(str(model)))
+        if sparse_down:  # refused before minutes of aliasing, not after them
+            check_sparse_down_layout(model if isinstance(model, ModelHandle) else resolve_model(str(model)))
         result = run_alias(model, out, zones=zones, delta=delta, canonical=canonical, types=types,
                            min_cosine=min_cosine, budget_ppl=budget_ppl, train=train, steps=steps, lam=lam,
-                           lr=lr, delta_norm=delta_norm, gguf=None, dealias=dealias, outtype=outtype,
-                           progress=progress, exported=exported, train_data=train_data, micro_batch=micro_batch,
-                           device=device, checkpoint_every=checkpoint_every, resume=resume)
+                           lr=lr, delta_norm=delta_norm, gguf=None, dealias=None if like else dealias,
+                           outtype=outtype, progress=progress, exported=exported, train_data=train_data,
+                           micro_batch=micro_batch, device=device, checkpoint_every=checkpoint_every,
+                           resume=resume)
         if result is not None and not result.report.get("groups"):
             from convert.alias import no_groups_note
 
@@ -94,8 +104,13 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
         elif result is not None:  # rank 0 (or a single process)
             from convert.alias_gguf import export_alias_gguf
 
-            result.gguf = export_alias_gguf(result.output, gguf, outtype=outtype, sparse_down=True).output
-            result.gguf_sparse_down = True
+            if gguf:
+                result.gguf = export_alias_gguf(result.output, gguf, outtype=outtype, sparse_down=sparse_down,
+                                                like=like).output
+                result.gguf_sparse_down = sparse_down
+            if like is not None and dealias:
+                result.dealiased_gguf = export_alias_gguf(result.output, dealias, outtype=outtype, dealias=True,
+                                                          like=like).output
         return result
     if train:
         from convert.alias_train import AliasTrainConfig, train_alias

@@ -334,6 +334,9 @@ ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
               help="Also write a de-aliased standard GGUF (W_i materialized) that llama.cpp loads.")
 @click.option("--outtype", type=click.Choice(GGUF_OUTTYPES, case_sensitive=False), default="f32", show_default=True,
               help="Type of the GGUF outputs' 2-D weights.")
+@click.option("--like", type=click.Path(dir_okay=False), default=None, metavar="SOURCE.gguf",
+              help="Type the --gguf/--dealias outputs' tensors as SOURCE.gguf types them (e.g. the Q4_K_M file "
+                   "MODEL came from) instead of --outtype; a canonical takes its first member's type.")
 @click.option("--sparse-down", is_flag=True,
               help="Store the --gguf file's FFN down projections neuron-major (blk.N.ffn_down.t, canonical.t, "
                    "delta.t, delta.lr_v.t) so aios-run's sparse modes skip non-firing neurons in any type; the "
@@ -342,7 +345,7 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
                   min_cosine: float | None, budget_ppl: float | None, train: bool, steps: int | None,
                   lam: float | None, lr: float | None, delta_norm: str | None, gguf: str | None, dealias: str | None, outtype: str,
                   train_data: str | None, micro_batch: int | None, device: str | None,
-                  checkpoint_every: int | None, resume: bool, sparse_down: bool) -> None:
+                  checkpoint_every: int | None, resume: bool, sparse_down: bool, like: str | None) -> None:
     """Share one canonical weight per matrix type across layers, plus per-layer deltas (R3).
 
     With --train it runs under `accelerate launch` / `torchrun` as DDP, like relufy.
@@ -360,7 +363,7 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
                        lam=lam, lr=lr, delta_norm=delta_norm, gguf=gguf, dealias=dealias,
                        outtype=outtype, progress=progress, exported=render_export,
                        train_data=train_data, micro_batch=micro_batch, device=device,
-                       checkpoint_every=checkpoint_every, resume=resume, sparse_down=sparse_down)
+                       checkpoint_every=checkpoint_every, resume=resume, sparse_down=sparse_down, like=like)
     if result is not None:
         render_alias(result)
 
@@ -402,12 +405,16 @@ def _parse_rank(value: str | None) -> int | str | None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the randomized SVD.")
 @click.option("--eval-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Held-out tokens per text set for the measured perplexity (0: skip running the file).")
+@click.option("--like", type=click.Path(dir_okay=False), default=None, metavar="SOURCE.gguf",
+              help="Type each tensor as SOURCE.gguf types it (e.g. the Q4_K_M file MODEL came from): the plain "
+                   "tensors, and each residual as the matrix it replaces (instead of --outtype and --residual; "
+                   "--residual none still drops them).")
 @click.option("--sparse-down", is_flag=True,
               help="Store FFN down projections' lr_v and residual neuron-major (blk.N.ffn_down.lr_v.t, "
                    ".residual.t) so aios-run's sparse modes skip non-firing neurons in any type; the file is "
                    "for aios-run, not llama.cpp.")
 def svd_residual_command(model: str, output: str, rank: str | None, calibration: str | None, eval_tokens: int,
-                         **options) -> None:
+                         like: str | None, **options) -> None:
     """Factorize MODEL's block matrices as W ≈ U·V + Q(E) into a GGUF for aios-run."""
     from dataclasses import replace
     from pathlib import Path
@@ -418,7 +425,7 @@ def svd_residual_command(model: str, output: str, rank: str | None, calibration:
 
     cfg = replace(SvdResidualConfig(), rank=_parse_rank(rank),
                   calibration=Path(calibration).name if calibration else None, **options)
-    result = svd_residual(model, output, cfg, calibration=calibration,
+    result = svd_residual(model, output, cfg, calibration=calibration, like=like,
                           progress=lambda message: err_console.print(f"[dim]{message}[/]"))
     if eval_tokens:
         from runtime.evaluate import evaluate_gguf

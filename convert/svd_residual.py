@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -52,13 +52,13 @@ from aios.errors import UsageError
 from aios.models import ModelHandle, resolve_model
 from aios.models.from_gguf import hf_source
 
-RESIDUALS = ("q8_0", "q4_0", "q4_k", "q2_k", "q6_k", "f16", "none")
+RESIDUALS = ("q8_0", "q5_0", "q4_0", "q4_k", "q2_k", "q6_k", "f16", "none")
 K_TYPES = ("q4_k", "q2_k", "q6_k")
 FACTOR_TYPES = ("f16", "f32", "q8_0")
 METHODS = ("plain", "activation-aware")
 BASE_TYPES = ("f32", "f16", "q8_0", "q4_0")
 # a residual type whose blocks cannot tile the tensor at all falls back (declared per tensor)
-RESIDUAL_FALLBACK = {"q4_k": "q4_0", "q2_k": "q4_0", "q6_k": "q8_0", "q8_0": "f16", "q4_0": "f16"}
+RESIDUAL_FALLBACK = {"q4_k": "q4_0", "q2_k": "q4_0", "q6_k": "q8_0", "q8_0": "f16", "q5_0": "f16", "q4_0": "f16"}
 EPS_REL = 1e-6  # Cholesky jitter, relative to the mean diagonal of XᵀX
 
 
@@ -81,6 +81,9 @@ class SvdResidualConfig:
     # FFN down projections with V and the residual neuron-major (lr_v.t, residual.t): the sparse
     # modes of aios-run read only firing neurons' rows (recorded in provenance only when on)
     sparse_down: bool = False
+    # --like SOURCE.gguf (its file name): the plain tensors in SOURCE's type for the same tensor and
+    # each residual in the type SOURCE has for the matrix it replaces (recorded only when given)
+    like: str | None = None
 
     @property
     def selection(self) -> str:
@@ -443,21 +446,29 @@ def is_factorized(p) -> bool:
 
 def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualConfig, *,
                  calibration: str | None = None, progress: Callable[[str], None] | None = None,
-                 grams: tuple[dict[str, np.ndarray], dict] | None = None) -> SvdResidualResult:
+                 grams: tuple[dict[str, np.ndarray], dict] | None = None,
+                 like: str | Path | None = None) -> SvdResidualResult:
     """Convert ``model`` to a low-rank + residual GGUF at ``output`` (written atomically).
 
     ``grams``: (XᵀX per source tensor, calibration description) from an earlier
-    :func:`calibrate` of the same model and texts, so a sweep calibrates once.
+    :func:`calibrate` of the same model and texts, so a sweep calibrates once. ``like``: a GGUF
+    (e.g. the quantized file ``model`` was dequantized from) whose per-tensor types the plain
+    tensors and the residuals take (:func:`like_residual`), instead of ``outtype`` and ``residual``.
     """
     from convert.gguf import check_exportable, plan_tensors
+    from convert.gguf.tensors import like_types
 
     cfg = validate(cfg)
     out = Path(output)
     if out.is_dir():
         raise UsageError(f"-o {out} is a folder; pass a file name such as {out / 'model.gguf'}.")
+    like_map = None
+    if like is not None:
+        like_map, _ = like_types(like)
+        cfg = replace(cfg, like=Path(like).name)
     handle = hf_source(model if isinstance(model, ModelHandle) else resolve_model(model))
     check_exportable(handle)
-    plan = plan_tensors(handle, cfg.outtype)
+    plan = plan_tensors(handle, cfg.outtype, like=like_map)
     targets = [p for p in plan if is_factorized(p)]
     gram_by_source: dict[str, np.ndarray] = {}
     calib = None
@@ -465,7 +476,7 @@ def svd_residual(model: str | ModelHandle, output: str | Path, cfg: SvdResidualC
         gram_by_source, calib = grams if grams is not None else calibrate(handle, cfg, calibration, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as scratch:
-        rows, entries = _compress_all(handle, targets, gram_by_source, cfg, Path(scratch), progress)
+        rows, entries = _compress_all(handle, targets, gram_by_source, cfg, Path(scratch), progress, like_map)
         result = _write(handle, out, plan, entries, rows, cfg, calib)
     return result
 
@@ -486,7 +497,13 @@ def calibrate(model: str | ModelHandle, cfg: SvdResidualConfig, calibration: str
                    "texts_sha256": texts_sha256(texts)}
 
 
-def _compress_all(handle, targets, grams, cfg, scratch: Path, progress):
+def like_residual(source_type: str) -> str:
+    """The residual type for a matrix SOURCE stores as ``source_type`` (``like_types``' choice,
+    lower case): the same where the residual encoder has it, else F16 (F32/BF16 sources)."""
+    return source_type if source_type in RESIDUALS else "f16"
+
+
+def _compress_all(handle, targets, grams, cfg, scratch: Path, progress, like=None):
     """Factorize each target; encoded arrays go to ``scratch`` (so memory stays ~one tensor)."""
     from convert.gguf.tensors import source_rows
 
@@ -494,7 +511,10 @@ def _compress_all(handle, targets, grams, cfg, scratch: Path, progress):
     entries: dict[str, list[tuple[str, str, tuple[int, ...], Path]]] = {}
     for k, p in enumerate(targets):
         W = source_rows(handle, p)(0, p.shape[0])  # laid out as llama.cpp stores it
-        c = compress(W, cfg, grams.get(p.source),
+        tcfg = cfg
+        if like and p.name in like and cfg.residual != "none":
+            tcfg = replace(cfg, residual=like_residual(like[p.name][0]))
+        c = compress(W, tcfg, grams.get(p.source),
                      neuron_major=cfg.sparse_down and bool(NEURON_MAJOR_DOWN.fullmatch(p.name)))
         base = p.name.removesuffix(".weight")
         entries[p.name] = []
@@ -517,7 +537,7 @@ def lowrank_metadata(rows: list[TensorRow], cfg: SvdResidualConfig, calib: dict 
                                "or flat (n_out*n_in,) row-major in 256-value K-quant blocks; no .weight",
         "aios.lowrank.method": cfg.method,
         "aios.lowrank.selection": cfg.selection,
-        "aios.lowrank.residual": cfg.residual,
+        "aios.lowrank.residual": cfg.residual if not cfg.like or cfg.residual == "none" else f"like {cfg.like}",
         "aios.lowrank.factor_type": cfg.factor_type,
         "aios.lowrank.tensors": [r.name for r in rows],
         "aios.lowrank.ranks": [r.rank for r in rows],
@@ -566,8 +586,9 @@ def _write(handle, out: Path, tensors, entries, rows, cfg: SvdResidualConfig, ca
                                               data=lambda f=f: np.load(f, mmap_mode="r")))
     plan.sort()
     converter_config = asdict(cfg)
-    if not converter_config["sparse_down"]:  # recorded only when on: older exports keep their bytes
-        del converter_config["sparse_down"]
+    for key in ("sparse_down", "like"):  # recorded only when on: older exports keep their bytes
+        if not converter_config[key]:
+            del converter_config[key]
     prov = provenance(handle, command="aios-convert svd-residual", converter_config=converter_config)
     meta, warnings, _ = aios_metadata(handle, cfg.outtype, plan.fallbacks, prov)
     if cfg.sparse_down:

@@ -104,3 +104,66 @@ def test_like_with_sparse_down_keeps_the_down_projections_types(q4_k_m, tmp_path
     assert downs and all(ours[n.replace(".weight", ".t")] == theirs[n] for n in downs)  # d_model 256 fits
     assert {n: t for n, t in ours.items() if not n.endswith(".t")} == \
         {n: t for n, t in theirs.items() if n not in downs}
+
+
+def test_alias_exports_in_the_source_mix(q4_k_m, tmp_path):
+    """aios-convert alias --like: the de-aliased file (llama.cpp's) is the source's mix exactly;
+    the aliased one (aios-run's) keeps it for every plain tensor, gives each canonical its first
+    member's type (low-rank deltas: --outtype), and runs in aios-run close to the F32 export of
+    the same aliased model."""
+    from runtime.model import Model
+
+    src, q4 = q4_k_m
+    theirs = _types(q4)
+    r = CliRunner().invoke(main, ["alias", str(src), "-o", str(tmp_path / "al"), "--zones", "all", "--min-cosine", "0.5", "--gguf", str(tmp_path / "al.gguf"), "--dealias", str(tmp_path / "de.gguf"),
+                                  "--like", str(q4)])
+    assert r.exit_code == 0, r.output
+    assert _types(tmp_path / "de.gguf") == theirs
+    assert llamacpp.load_error(tmp_path / "de.gguf") is None
+    ours = _types(tmp_path / "al.gguf")
+    plain = {n: t for n, t in ours.items() if ".canonical" not in n and ".delta" not in n}
+    assert plain and all(theirs[n] == t for n, t in plain.items())
+    canon = [n for n in ours if ".canonical" in n]
+    assert canon
+    for n in canon:  # blk.0.attn_q.canonical: the first member's (blk.0.attn_q.weight's) type
+        assert ours[n] == theirs[n.replace(".canonical", ".weight")], n
+    factors = [n for n in ours if ".delta.lr_" in n]  # low-rank deltas (the default): --outtype's F32
+    assert factors and all(ours[n] == "F32" for n in factors)
+    from convert.alias_gguf import export_alias_gguf
+
+    export_alias_gguf(tmp_path / "al", tmp_path / "al32.gguf")  # the same aliased model in F32
+    ids = list(range(5, 40))
+    ref = Model(tmp_path / "al32.gguf").forward(ids, all_logits=True)
+    got = Model(tmp_path / "al.gguf").forward(ids, all_logits=True)
+    f16 = Model(q4.with_name("m.f16.gguf")).forward(ids, all_logits=True)
+    quantized = np.corrcoef(Model(q4).forward(ids, all_logits=True).ravel(), f16.ravel())[0, 1]
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > quantized - 0.01  # as close as llama.cpp's own Q4_K_M
+    r = CliRunner().invoke(main, ["alias", str(tmp_path / "al"), "--like", str(q4)])
+    assert r.exit_code == 2 and "--gguf" in r.output
+
+
+def test_svd_residual_in_the_source_mix(q4_k_m, tmp_path):
+    """aios-convert svd-residual --like: plain tensors in the source's types, each residual in the
+    type the source has for the matrix it replaces; aios-run runs it about as close to the F16
+    model as llama.cpp's Q4_K_M of it is."""
+    from runtime.model import Model
+
+    src, q4 = q4_k_m
+    theirs = _types(q4)
+    out = tmp_path / "lr.gguf"
+    r = CliRunner().invoke(main, ["svd-residual", str(src), "-o", str(out), "--rank", "8", "--method", "plain",
+                                  "--eval-tokens", "0", "--like", str(q4)])
+    assert r.exit_code == 0, r.output
+    ours = _types(out)
+    plain = {n: t for n, t in ours.items() if not any(s in n for s in (".lr_u", ".lr_v", ".residual"))}
+    assert plain and all(theirs[n] == t for n, t in plain.items())
+    residuals = [n for n in ours if n.endswith(".residual")]
+    assert residuals and all(ours[n] == theirs[n.replace(".residual", ".weight")] for n in residuals)
+    assert {"Q4_K", "Q6_K"} <= {ours[n] for n in residuals}
+    meta = gguf.GGUFReader(str(out)).get_field("aios.provenance").contents()
+    assert '"like": "m.q4_k_m.gguf"' in meta
+    ids = list(range(5, 40))
+    f16 = Model(q4.with_name("m.f16.gguf")).forward(ids, all_logits=True)
+    quantized = np.corrcoef(Model(q4).forward(ids, all_logits=True).ravel(), f16.ravel())[0, 1]
+    got = Model(out).forward(ids, all_logits=True)
+    assert np.corrcoef(got.ravel(), f16.ravel())[0, 1] > quantized - 0.01  # as close as llama.cpp's Q4_K_M
