@@ -148,7 +148,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="Threads for both sides.")
     ap.add_argument("--layers", type=int, default=4, help="Blocks of the random-init real-dimension models.")
-    ap.add_argument("--arithmetic", choices=("int8", "float"), default="int8")
+    ap.add_argument("--arithmetic", choices=("int8", "float", "int16"), default="int8",
+                    help="Ours: int16 is what perplexity runs in (runtime.perplexity)")
     ap.add_argument("--per-token", action="store_true", help="Also time the one-token kernels over the prompt.")
     ap.add_argument("--crossover", action="store_true", help="Time 4-64 tokens with and without the GEMM form.")
     ap.add_argument("--all-logits", action="store_true",

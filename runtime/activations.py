@@ -3,8 +3,6 @@ or the one llama.cpp's arithmetic stands for under the int8 setting (GGML_GELU, 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from aios.errors import UnsupportedArchitectureError
@@ -33,5 +31,5 @@ def activation(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
     if name == GGML_SILU:
         return ggml_ops.silu_mul(x, np.ones_like(x))
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        return (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))).astype(np.float32)
+        return ops.gelu_tanh(np.ascontiguousarray(x, np.float32).reshape(-1)).reshape(x.shape)
     raise UnsupportedArchitectureError(f"FFN activation '{name}' is not supported by the runtime.")

@@ -244,3 +244,16 @@ def gelu_erf(x):  # x (n,) float32: exact (erf) GELU, HF "gelu", in float32
     for i in range(x.shape[0]):
         out[i] = half * x[i] * (one + math.erf(x[i] / _SQRT2))
     return out
+
+
+_C_TANH = np.float32(math.sqrt(2 / math.pi))
+
+
+@njit(parallel=True, cache=True)
+def gelu_tanh(x):  # x (n,) float32: tanh-approximated GELU (HF gelu_new / gelu_pytorch_tanh), in float32
+    out = np.empty_like(x)
+    half, one, a = np.float32(0.5), np.float32(1.0), np.float32(0.044715)
+    for i in prange(x.shape[0]):
+        v = x[i]
+        out[i] = half * v * (one + math.tanh(_C_TANH * (v + a * (v * v * v))))
+    return out

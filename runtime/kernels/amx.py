@@ -166,6 +166,61 @@ def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
                 XB[g, t] = dx * np.float32(total)
 
 
+# --- a second activation plane (the "int16" arithmetic) ------------------------------------------
+# The int8 blocks round each activation to d·q (d = the block's max/127): an error of up to d/2
+# per value, which moves a model's perplexity by ~1-2 % (the real Gemma 3 270M: +1.8 %). The
+# second plane is that error in steps of d/128, q_lo = rint((x − d·q)·128/d), also int8 (|q_lo|
+# ≤ ~72): the tiles form both planes' integer sums from the same weight tile (two TDPBUSD/TDPBSSD)
+# and add them as 128·Σq_w·q + Σq_w·q_lo, the sums of 16-bit activations 128·q + q_lo in steps of
+# d/128, before the same float step. The result is the float product to ~1/32,000 of a block's
+# largest value: perplexity equal to the float path's (docs/benchmarks.md).
+LO_STEPS = 128  # the second plane's steps per step of the first (a power of two: d/128 is exact)
+
+
+@njit(parallel=True, cache=True)
+def residual_plane(X, xq, xd, block):
+    """The second plane of X (T, k) float32 after its int8 blocks (xq (T, k) int8, xd (T, k/block)
+    the blocks' d): rint((x − d·q)·128/d) as int8 (0 where d is 0)."""
+    T, k = X.shape
+    out = np.empty((T, k), np.int8)
+    for t in prange(T):
+        for b in range(k // block):
+            d = xd[t, b]
+            inv = np.float32(LO_STEPS) / d if d != 0 else np.float32(0.0)
+            for i in range(b * block, (b + 1) * block):
+                v = np.rint((X[t, i] - d * np.float32(xq[t, i])) * inv)
+                out[t, i] = np.int8(max(-127.0, min(127.0, v)))
+    return out
+
+
+@njit(parallel=True, cache=True)
+def arrange_amx_lo(xq_lo, G, XA_lo, XD, XB):
+    """The second plane for the tiles, after ``arrange_amx`` arranged the first into (XA, XD, XB):
+    XA_lo its words as XA holds the first's; XD (each group's d) becomes d/128, the step of the
+    16-bit quants 128·q + q_lo, and XB (d·Σq) d·Σq + (d/128)·Σq_lo, their minimum term's sum."""
+    T, k = xq_lo.shape
+    ng = k // G
+    words = G // 4
+    for tb in prange(XA_lo.shape[0]):
+        for t16 in range(AMX_TOKENS):
+            t = tb * AMX_TOKENS + t16
+            if t >= T:
+                for g in range(ng):
+                    for j in range(words):
+                        XA_lo[tb, g, j, t16] = 0
+                continue
+            row = xq_lo[t]
+            for g in range(ng):
+                total = np.int32(0)
+                for j in range(words):
+                    w = word_at_i8(row, g * G + 4 * j)
+                    XA_lo[tb, g, j, t16] = w
+                    total += byte_sum4(w)
+                d = XD[g, t] / np.float32(LO_STEPS)
+                XD[g, t] = d
+                XB[g, t] += d * np.float32(total)
+
+
 # --- the tile kernel -------------------------------------------------------------------------------
 def _transpose16(b, vs):
     """The 16 × 16 transpose of 16 <16 x float> (vector i lane j -> vector j lane i): four stages,
@@ -184,14 +239,24 @@ def _transpose16(b, vs):
     return vs
 
 
-def _amx_codegen(group_bytes, signed):
+def _amx_codegen(group_bytes, signed, planes=1):
+    """The tile kernel's IR; ``planes`` 2: a second activation plane (``residual_plane``, its
+    words at the argument after xa) multiplied by the same weight tile into tile 1 (its B tile 7),
+    the sums added as 128·first + second before the float step (AMX_AHEAD must be 0)."""
+    assert planes == 1 or AMX_AHEAD == 0
+    na = 8 + (planes == 2)
+
     def codegen(context, builder, sig, args):
         i8 = ir.IntType(8)
         i64 = ir.IntType(64)
         p8 = i8.as_pointer()
         void = ir.VoidType()
-        cfg, q, s, c, xa, xd, xb, y = (array_data(context, builder, sig.args[i], args[i]) for i in range(8))
-        kbytes, sl, ng, tp, T, ldy, r0, tb, nrows = (builder.sext(a, i64) if a.type.width < 64 else a for a in args[8:17])
+        arrays = [array_data(context, builder, sig.args[i], args[i]) for i in range(na)]
+        cfg, q, s, c, xa, *rest = arrays
+        xa_lo = rest.pop(0) if planes == 2 else None
+        xd, xb, y = rest
+        kbytes, sl, ng, tp, T, ldy, r0, tb, nrows = (builder.sext(a, i64) if a.type.width < 64 else a
+                                                     for a in args[na:na + 9])
         builder.call(declare(builder, "llvm.x86.ldtilecfg", void, [p8]), [builder.bitcast(cfg, p8)])
         load = declare(builder, "llvm.x86.tileloadd64", void, [i8, p8, i64])
         dot = declare(builder, "llvm.x86.tdpbssd" if signed else "llvm.x86.tdpbusd", void, [i8, i8, i8])
@@ -205,6 +270,12 @@ def _amx_codegen(group_bytes, signed):
         a_base = builder.gep(builder.bitcast(q, p8), [builder.mul(r0, kbytes)])
         tile_bytes = const(i64, AMX_TOKENS * group_bytes)
         x_base = builder.gep(builder.bitcast(xa, p8), [builder.mul(builder.mul(tb, ng), tile_bytes)])
+        if planes == 2:
+            lobuf = cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(32), AMX_ROWS * AMX_TOKENS))
+            lobuf.align = 64
+            lo8, lo32 = builder.bitcast(lobuf, p8), builder.bitcast(lobuf, ir.IntType(32).as_pointer())
+            xlo_base = builder.gep(builder.bitcast(xa_lo, p8), [builder.mul(builder.mul(tb, ng), tile_bytes)])
+            shift = const(V16I32, [7] * 16)  # ×LO_STEPS (128)
         t0 = builder.mul(tb, const(i64, AMX_TOKENS))
         srow = [builder.gep(s, [builder.mul(builder.add(r0, const(i64, i)), sl)]) for i in range(AMX_ROWS)]
         crow = [builder.gep(c, [builder.mul(builder.add(r0, const(i64, i)), sl)]) for i in range(AMX_ROWS)]
@@ -218,6 +289,12 @@ def _amx_codegen(group_bytes, signed):
             builder.call(load, [b_t, builder.gep(x_base, [builder.mul(g, tile_bytes)]), const(i64, 4 * AMX_TOKENS)])
             builder.call(dot, [c_t, a_t, b_t])
             builder.call(store, [c_t, cb8[slot], const(i64, 4 * AMX_TOKENS)])
+            if planes == 2:  # the same weight tile times the second plane, into tile 1
+                c_lo, b_lo = const(i8, 1), const(i8, 7)
+                builder.call(zero, [c_lo])
+                builder.call(load, [b_lo, builder.gep(xlo_base, [builder.mul(g, tile_bytes)]), const(i64, 4 * AMX_TOKENS)])
+                builder.call(dot, [c_lo, a_t, b_lo])
+                builder.call(store, [c_lo, lo8, const(i64, 4 * AMX_TOKENS)])
 
         def post(g, par, accs):  # group g's sums (cbuf[par]) times the scales, into the accumulators
             go = builder.add(builder.mul(g, tp), t0)
@@ -227,6 +304,9 @@ def _amx_codegen(group_bytes, signed):
                 sv = builder.load(builder.gep(srow[i], [g]))
                 scale = builder.fmul(_splat(builder, sv), dx, flags=FAST)
                 isum = vload(builder, c32[par], const(i64, AMX_TOKENS * i), V16I32, 64)
+                if planes == 2:
+                    lo = vload(builder, lo32, const(i64, AMX_TOKENS * i), V16I32, 64)
+                    isum = builder.add(builder.shl(isum, shift), lo)
                 a = builder.extract_value(accs, i)
                 a = builder.fadd(a, builder.fmul(builder.sitofp(isum, V16F), scale, flags=FAST), flags=FAST)
                 if not signed:
@@ -281,7 +361,18 @@ def _amx(group_bytes, signed):
     return intrinsic(typer)
 
 
+def _amx2(group_bytes, signed):
+    gen = _amx_codegen(group_bytes, signed, planes=2)
+
+    def typer(typingctx, cfg, q, s, c, xa, xa_lo, xd, xb, y, kbytes, sl, ng, tp, T, ldy, r0, tb, nrows):
+        return types.void(cfg, q, s, c, xa, xa_lo, xd, xb, y, kbytes, sl, ng, tp, T, ldy, r0, tb, nrows), gen
+
+    typer.__name__ = f"amx_tile2_{group_bytes}{'s' if signed else 'u'}"
+    return intrinsic(typer)
+
+
 _amx32u, _amx32s, _amx16s = _amx(32, False), _amx(32, True), _amx(16, True)
+_amx2_32u, _amx2_32s, _amx2_16s = _amx2(32, False), _amx2(32, True), _amx2(16, True)
 
 
 @njit(parallel=True, cache=True)
@@ -306,6 +397,27 @@ def amx_tiles(cfg, Q, S, C, XA, XD, XB, Y, G, signed, n, rows_p, kbytes, sl, ng,
                     _amx32u(cfg, Q, S, C, XA, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
 
 
+@njit(parallel=True, cache=True)
+def amx_tiles2(cfg, Q, S, C, XA, XA_lo, XD, XB, Y, G, signed, n, rows_p, kbytes, sl, ng, tp, y0):
+    """``amx_tiles`` with the second activation plane XA_lo (``arrange_amx_lo``): its own compiled
+    function, so the int8 arithmetic's cold start does not compile it."""
+    ntiles = rows_p // AMX_ROWS
+    nblocks = XA.size * 4 // (ng * AMX_TOKENS * G)
+    T, ldy = Y.shape
+    yflat = Y.reshape(-1)
+    for gi in prange((ntiles + AMX_ROW_TILES - 1) // AMX_ROW_TILES):
+        for tb in range(nblocks):
+            for rt in range(gi * AMX_ROW_TILES, min(ntiles, gi * AMX_ROW_TILES + AMX_ROW_TILES)):
+                r0 = rt * AMX_ROWS
+                nr = min(AMX_ROWS, n - r0)
+                if G == 16:
+                    _amx2_16s(cfg, Q, S, C, XA, XA_lo, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
+                elif signed:
+                    _amx2_32s(cfg, Q, S, C, XA, XA_lo, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
+                else:
+                    _amx2_32u(cfg, Q, S, C, XA, XA_lo, XD, XB, yflat[y0:], kbytes, sl, ng, tp, T, ldy, r0, tb, nr)
+
+
 # --- a whole matrix ---------------------------------------------------------------------------
 def arranged_amx(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = None):
     """The activations' int8 blocks (Q8_K for the K-quants: xq, xd, xb; Q8_0 for the 32-value
@@ -320,6 +432,17 @@ def arranged_amx(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None
     kq = fmt not in B32_TILES
     arrange_amx(xq, xd, xb if kq else xd, G, kq, XA, XD, XB)
     return XA, XD, XB, T
+
+
+def arranged_amx2(fmt: str, X: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = None):
+    """``arranged_amx`` of X's int8 blocks (xq, xd[, xb]) plus their second plane
+    (``residual_plane``): (XA, XD, XB, T, XA_lo), which ``mm_amx`` multiplies as 16-bit
+    activations."""
+    XA, XD, XB, T = arranged_amx(fmt, xq, xd, xb)
+    lo = residual_plane(np.ascontiguousarray(X, np.float32), xq, xd, xq.shape[1] // xd.shape[1])
+    XA_lo = np.empty_like(XA)
+    arrange_amx_lo(lo, LANE_VALUES[fmt], XA_lo, XD, XB)
+    return XA, XD, XB, T, XA_lo
 
 
 # --- unpacked weights kept across passes -----------------------------------------------------
@@ -399,7 +522,8 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
         mm_amx(fmt, W, xs, out, chunk_values)
         Y[...] = out
         return
-    XA, XD, XB, _ = xs
+    XA, XD, XB = xs[:3]
+    lo = xs[4] if len(xs) > 4 else None  # the second plane (``arranged_amx2``)
     n = W.shape[0]
     b32 = fmt in B32_TILES
     k = W.shape[1] // TILE_BYTES[fmt] * (QK if b32 else QK_K)
@@ -410,8 +534,7 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
     kept = _kept(fmt, W, k) if _KEPT["on"] else None
     if kept is not None:
         Q, S, C, mp = kept
-        amx_tiles(cfg, Q.reshape(-1), S.reshape(-1), C.reshape(-1), XA.reshape(-1), XD.reshape(-1), XB.reshape(-1),
-                  Y, G, fmt in SIGNED, n, mp, 4 * Q.shape[1], sl, k // G, XD.shape[1], 0)
+        _tiles(cfg, Q, S, C, XA, lo, XD, XB, Y, G, fmt in SIGNED, n, mp, 4 * Q.shape[1], sl, k // G, 0)
         return
     step = max(AMX_ROWS, min(n, chunk_values // k) // AMX_ROWS * AMX_ROWS)
     rows = step + AMX_ROWS
@@ -428,5 +551,14 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
         mp = -(-m // AMX_ROWS) * AMX_ROWS
         for a in (Q, S, C):
             a[m:mp] = 0
-        amx_tiles(cfg, Q.reshape(-1), S.reshape(-1), C.reshape(-1), XA.reshape(-1), XD.reshape(-1), XB.reshape(-1),
-                  Y, G, fmt in SIGNED, m, mp, 4 * qw, sl, k // G, XD.shape[1], r0)
+        _tiles(cfg, Q, S, C, XA, lo, XD, XB, Y, G, fmt in SIGNED, m, mp, 4 * qw, sl, k // G, r0)
+
+
+def _tiles(cfg, Q, S, C, XA, lo, XD, XB, Y, G, signed, n, mp, kbytes, sl, ng, y0) -> None:
+    """``amx_tiles`` (one plane) or ``amx_tiles2`` (``lo``, the second plane's words) on flat views."""
+    flat = [a.reshape(-1) for a in (Q, S, C, XA)]
+    if lo is None:
+        amx_tiles(cfg, *flat, XD.reshape(-1), XB.reshape(-1), Y, G, signed, n, mp, kbytes, sl, ng, XD.shape[1], y0)
+    else:
+        amx_tiles2(cfg, *flat, lo.reshape(-1), XD.reshape(-1), XB.reshape(-1), Y, G, signed, n, mp, kbytes, sl, ng,
+                   XD.shape[1], y0)

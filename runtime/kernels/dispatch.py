@@ -27,7 +27,7 @@ from runtime.kernels.quantize import quantize_activations, quantize_activations_
 from runtime.kernels.sparse import decode_block_rows
 
 # --- the process-wide arithmetic of the block kernels ----------------------------------------
-ARITHMETICS = ("int8", "float")  # --arithmetic choices; the first is the default
+ARITHMETICS = ("int8", "float", "int16")  # --arithmetic choices; the first is the default
 INT8_TYPES = B32  # 32-value block types with an int8-activation kernel (Q8_0 activation blocks)
 INT8_ALL = B32 + KQ_INT  # every type with an int8 kernel (``mm_block_int8``); the rest run float
 INT8_DEFAULT = frozenset(INT8_ALL)  # the types "int8" runs int8 (all that have a kernel)
@@ -36,8 +36,11 @@ _ARITHMETIC = {"name": ARITHMETICS[0]}
 
 def set_arithmetic(name: str) -> str:
     """Run the block kernels with ``name`` arithmetic: "int8" (activations quantized to int8
-    blocks per matmul, integer block dot products; types outside INT8_TYPES stay float) or
-    "float" (weights decoded to float times float activations). Returns the name in effect."""
+    blocks per matmul, integer block dot products; types outside INT8_TYPES stay float),
+    "float" (weights decoded to float times float activations) or "int16" (float, except that
+    many-token matmuls on the AMX tiles take the activations as two int8 planes, 16-bit values:
+    the float results to ~1/32,000 of a block's largest activation, at the tiles' speed; what
+    perplexity is measured in). Returns the name in effect."""
     from aios.errors import UsageError
 
     if name not in ARITHMETICS:
@@ -47,7 +50,7 @@ def set_arithmetic(name: str) -> str:
 
 
 def arithmetic() -> str:
-    """The block kernels' arithmetic in effect ("int8" or "float")."""
+    """The block kernels' arithmetic in effect ("int8", "float" or "int16")."""
     return _ARITHMETIC["name"]
 
 
@@ -140,6 +143,21 @@ def _arranged_amx(X, fmt):
     return out
 
 
+def _arranged_amx2(X, fmt):
+    """X's int8 blocks and their second plane as the AMX tiles load them (``amx.arranged_amx2``),
+    shared like ``_arranged``."""
+    b32 = fmt in B32_TILES
+    key = ("amx2", "b32" if b32 else LANE_VALUES[fmt])
+    shared = X is _SHARED["x"]
+    if shared and key in _SHARED["q"]:
+        return _SHARED["q"][key]
+    blocks = _quantized(X, False)[:2] if b32 else _quantized(X, "k")
+    out = amx.arranged_amx2(fmt, X, *blocks)
+    if shared:
+        _SHARED["q"][key] = out
+    return out
+
+
 def mm_block_gemm(fmt, W, X, Y, int8: bool):
     """Y = X @ Wᵀ over every row of W (the file's blocks of type ``fmt``) for many tokens. In
     int8, kq_tiles.TILE_TYPES (Q4_K, Q5_K, Q6_K, Q8_0 (with VNNI), Q4_0, Q4_1, Q5_0, Q5_1) run on
@@ -164,6 +182,9 @@ def mm_block_arith(fmt, W, X, rows, Y):
     whole-matrix product decodes the weights once (``gemm.use_gemm``) (``mm_block_gemm``) in the same arithmetic."""
     int8 = _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT
     if rows is None and use_gemm(X.shape[0]):
+        if _ARITHMETIC["name"] == "int16" and amx.amx_runs(fmt, X.shape[1]):
+            amx.mm_amx(fmt, W, _arranged_amx2(X, fmt), Y, gemm.CHUNK_VALUES)
+            return
         mm_block_gemm(fmt, W, X, Y, int8)
     elif int8:
         mm_block_int8(fmt, W, X, rows, Y)
@@ -194,6 +215,10 @@ def arithmetic_label(kinds=None) -> str:
     lower = None if kinds is None else {k.lower() for k in kinds}
     if arithmetic() == "float":
         return "float"
+    if arithmetic() == "int16":
+        tiles = (lower is None or lower & set(amx.AMX_TYPES)) and amx.amx_available()
+        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: AMX tiles on two int8 activation planes)"
+                if tiles else "int16 (float here: no AMX tiles for these types)")
     if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
         return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
     f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""

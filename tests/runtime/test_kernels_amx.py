@@ -174,3 +174,44 @@ def test_kept_unpacked_rows_are_reused_and_freed(monkeypatch, int8_gemm):
             K.mm_block_arith("q4_k", W, X, None, Y)
         assert len(calls) == 2 * per_matmul and amx._KEPT["mats"] == {}
     np.testing.assert_array_equal(Y, fresh)
+
+
+@needs_amx
+@pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
+def test_int16_two_planes_equal_the_float_product(fmt):
+    """``--arithmetic int16``: the tiles on 16-bit activations (two int8 planes) give the float
+    product of the decoded weights to ~1e-4 of its scale, where one int8 plane (llama.cpp's
+    rounding) is ~100× further off; a padded token block, ragged rows and several chunks."""
+    before = K.arithmetic()
+    b32 = fmt in kq_tiles.B32_TILES
+    block = 32 if b32 else 256
+    nblocks = 21 if b32 else 3
+    W = random_blocks(fmt, 39, nblocks, RNG)
+    T = gemm.GEMM_MIN_TOKENS + amx.AMX_TOKENS + 3
+    X = RNG.standard_normal((T, block * nblocks)).astype(np.float32)
+    X[:, ::7] *= 20  # outliers: the int8 blocks round the rest of their block coarsely
+    exact = X.astype(np.float64) @ K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64).T
+    scale = np.abs(X).astype(np.float64) @ np.abs(K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64)).T
+    err = {}
+    try:
+        for arith in ("int8", "int16"):
+            K.set_arithmetic(arith)
+            Y = np.full((T, 39), np.nan, np.float32)
+            K.mm_block_arith(fmt, W, X, None, Y)
+            err[arith] = (np.abs(Y - exact) / scale).max()
+    finally:
+        K.set_arithmetic(before)
+    print(fmt, err)
+    assert err["int16"] < 1e-4 and err["int8"] > 30 * err["int16"], err
+
+
+def test_int16_label_says_where_it_runs(monkeypatch):
+    before = K.arithmetic()
+    try:
+        K.set_arithmetic("int16")
+        monkeypatch.setitem(amx._STATE, "ok", True)
+        assert "AMX tiles on two int8 activation planes" in K.arithmetic_label(["Q4_K"])
+        monkeypatch.setitem(amx._STATE, "ok", False)
+        assert K.arithmetic_label(["Q4_K"]).startswith("int16 (float here")
+    finally:
+        K.set_arithmetic(before)

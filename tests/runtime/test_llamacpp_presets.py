@@ -148,7 +148,7 @@ def _ours(path, ids, arith: str):
     kernels.set_arithmetic(arith)
     try:
         rec = _Recorded(Model(path))
-        ppl = perplexity(rec, ids, window=WINDOW)["perplexity"]
+        ppl = perplexity(rec, ids, window=WINDOW, arithmetic=arith)["perplexity"]
     finally:
         kernels.set_arithmetic(before)
     return np.concatenate(rec.logits), ppl

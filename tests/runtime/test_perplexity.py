@@ -30,3 +30,20 @@ def test_per_token_equals_chunked_in_exact_modes(exported):
     assert a["tokens_scored"] == b["tokens_scored"] == 196
     assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-5)
     assert m.counter.snapshot()["weights"] == 0  # evaluation is not part of any byte figure
+
+
+def test_perplexity_is_the_float_paths_in_its_default_arithmetic(exported):
+    """The default ("int16": two int8 activation planes on the AMX tiles, the float path
+    elsewhere) gives the float path's perplexity; llama.cpp's int8 rounding is further off. The
+    process's arithmetic is left as it was."""
+    from runtime import kernels
+
+    path, _ = exported("tiny-llama", "q8_0")
+    ids = heldout_ids(load_tokenizer(path), 400)
+    m = Model(path)
+    before = kernels.arithmetic()
+    got = {a: perplexity(m, ids, window=100, arithmetic=a) for a in ("float", "int8")}
+    default = perplexity(m, ids, window=100)
+    assert kernels.arithmetic() == before and default["arithmetic"] == "int16"
+    f, i8, i16 = got["float"]["perplexity"], got["int8"]["perplexity"], default["perplexity"]
+    assert abs(i16 / f - 1) < 2e-4 and abs(i16 / f - 1) < abs(i8 / f - 1), (f, i8, i16)
