@@ -125,7 +125,7 @@ def test_matrix_matmul_follows_the_setting(arithmetic):
 def test_setting_and_labels(arithmetic):
     from aios.errors import UsageError
 
-    assert K.ARITHMETICS[0] == "int8" and set(K.ARITHMETICS) == {"int8", "float"}
+    assert K.ARITHMETICS[0] == "int8" and set(K.ARITHMETICS) == {"int8", "float", "int16"}
     with pytest.raises(UsageError):
         arithmetic("int4")
     arithmetic("int8")
@@ -137,6 +137,8 @@ def test_setting_and_labels(arithmetic):
     assert K.arithmetic_label({"Q4_0", "Q3_K"}).startswith("int8 (Q8_0/Q8_K activations, ")
     arithmetic("float")
     assert K.arithmetic_label({"Q8_0"}) == "float" and K.arithmetic_label({"F16"}) == "float"
+    arithmetic("int16")
+    assert K.arithmetic_label({"Q8_0"}).startswith("int16 (float")
 
 
 @pytest.mark.parametrize("n,k,T", [(1, 32, 1), (13, 4096, 1), (9, 8192, 2), (21, 8224, 1), (6, 40, 2)])
