@@ -128,25 +128,28 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
 @click.option("--arithmetic", type=click.Choice(ARITHMETICS), default=ARITHMETICS[0], show_default=True,
               help=ARITHMETIC_HELP)
 def warm(models, arithmetic) -> None:
-    """Compile (or load from numba's cache) the kernels MODELS' forward passes use: a decode step
-    and a prompt in the many-token form, per file. Run once on a CI image or a fresh install, so
-    the first `generate` or `check` does not compile; the cache outlives reinstalls of the same
-    sources ($AIOS_CACHE/numba/<hash of the runtime's sources>)."""
+    """Compile (or load from numba's cache) the kernels MODELS' forward passes use: a decode step,
+    a prompt in the many-token form and a held-out perplexity window (its own arithmetic,
+    runtime.perplexity), per file. Run once on a CI image or a fresh install, so the first
+    `generate` or `check` does not compile; the cache outlives reinstalls of the same sources
+    ($AIOS_CACHE/numba/<hash of the runtime's sources>)."""
     import time
 
     from runtime import numba_cache_dir
     from runtime.kernels import set_arithmetic
     from runtime.kernels.gemm import GEMM_MIN_TOKENS
     from runtime.model import Model
+    from runtime.perplexity import perplexity
 
     set_arithmetic(arithmetic)
     for model in models:
         t0 = time.perf_counter()
         m = Model(Path(model), mode="dense", n_ctx=GEMM_MIN_TOKENS + 2)
-        ids = [1 + i % max(1, m.tok_embd.n_out - 1) for i in range(GEMM_MIN_TOKENS)]
+        ids = [1 + i % max(1, m.tok_embd.n_out - 1) for i in range(GEMM_MIN_TOKENS + 1)]
         m.forward(ids[:1])  # a decode step
         m.reset()
-        m.forward(ids, all_logits=True)  # a prompt as GEMMs / integer tiles, every token's logits
+        m.forward(ids[:-1], all_logits=True)  # a prompt as GEMMs / integer tiles, every token's logits
+        perplexity(m, ids, window=len(ids))  # the quality gate's window, in its arithmetic (int16)
         console.print(f"{model}: kernels ready in {time.perf_counter() - t0:.1f} s (arithmetic {arithmetic})",
                       soft_wrap=True, markup=False, highlight=False)
     console.print(f"numba cache: {numba_cache_dir()}", soft_wrap=True, markup=False, highlight=False)
