@@ -284,16 +284,19 @@ def _amx_codegen(group_bytes, signed, planes=1):
 
         def issue(g, slot):  # group g's integer sums into tile ``slot``, stored to cbuf[slot]
             c_t, a_t, b_t = const(i8, slot), const(i8, 4 + 2 * (slot % 2)), const(i8, 5 + 2 * (slot % 2))
+            c_lo, b_lo = const(i8, 1), const(i8, 7)  # planes 2: the second plane's sums and activations
             builder.call(zero, [c_t])
+            if planes == 2:
+                builder.call(zero, [c_lo])
             builder.call(load, [a_t, builder.gep(a_base, [builder.mul(g, const(i64, group_bytes))]), kbytes])
             builder.call(load, [b_t, builder.gep(x_base, [builder.mul(g, tile_bytes)]), const(i64, 4 * AMX_TOKENS)])
-            builder.call(dot, [c_t, a_t, b_t])
-            builder.call(store, [c_t, cb8[slot], const(i64, 4 * AMX_TOKENS)])
-            if planes == 2:  # the same weight tile times the second plane, into tile 1
-                c_lo, b_lo = const(i8, 1), const(i8, 7)
-                builder.call(zero, [c_lo])
+            if planes == 2:
                 builder.call(load, [b_lo, builder.gep(xlo_base, [builder.mul(g, tile_bytes)]), const(i64, 4 * AMX_TOKENS)])
+            builder.call(dot, [c_t, a_t, b_t])
+            if planes == 2:  # the same weight tile times the second plane: both products in flight
                 builder.call(dot, [c_lo, a_t, b_lo])
+            builder.call(store, [c_t, cb8[slot], const(i64, 4 * AMX_TOKENS)])
+            if planes == 2:
                 builder.call(store, [c_lo, lo8, const(i64, 4 * AMX_TOKENS)])
 
         def post(g, par, accs):  # group g's sums (cbuf[par]) times the scales, into the accumulators
