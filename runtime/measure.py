@@ -66,11 +66,12 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
         order = [int(i) for i in np.random.default_rng(0).permutation(len(encoded))]
     packs = [[order[j] for j in p]
              for p in pack_texts([len(encoded[i]) for i in order], most=max(1, -(-len(encoded) // 10)))]
-    model = Model(Path(path), mode="dense", n_ctx=max([sum(len(encoded[i]) for i in p) for p in packs], default=1))
+    longest = max([sum(len(encoded[i]) for i in p) for p in packs], default=1)  # tokens of the largest pass
+    model = Model(Path(path), mode="dense", n_ctx=longest)
     hp = model.hp
     stats = FfnActivity(hp.n_layers, hp.d_ffn, eps=eps, set_texts=len(encoded),
                         set_tokens=sum(len(ids) for ids in encoded))
-    row_zeros = np.zeros(max([sum(len(encoded[i]) for i in p) for p in packs], default=1), np.int64)
+    row_zeros = np.zeros(longest, np.int64)
     at = np.zeros(hp.n_layers, np.int64)  # per layer: the pack's next token (one-token passes hook per token)
 
     def hook(layer: int, a: np.ndarray) -> None:  # a (T, d_ffn)

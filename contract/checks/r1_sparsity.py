@@ -107,13 +107,14 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
             f"The calibration set ({ctx.calibration_source}) gave no tokens after tokenization, so "
             "R1 could not be measured; pass --calibration with text.")
     mean = stats.mean_zero_fraction
+    est = stats.set_estimate()
     metrics = [
         declared,
         Metric(name="mean_exact_zero_fraction", value=round(mean, 6), evidence=Evidence.measured),
         Metric(name="mean_near_zero_fraction", value=round(stats.mean_near_zero_fraction, 6),
                evidence=Evidence.measured, note=f"|x| < {stats.eps:g}; information only, not exact zeros"),
         Metric(name="calibration_tokens", value=stats.tokens, evidence=Evidence.measured),
-        *_set_metrics(stats.set_estimate()),
+        *_set_metrics(est),
         Metric(name="min_layer_exact_zero_fraction", value=round(float(stats.zero_fraction.min()), 6),
                evidence=Evidence.measured),
     ]
@@ -130,7 +131,6 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         # per layer: how many neurons fire on a fraction of tokens in each bin (for plots)
         "neuron_frequency_histogram": _histogram(stats.neuron_frequency, FREQ_BINS),
     }
-    est = stats.set_estimate()
     early = est is not None and est.texts < est.of
     if early:  # runtime.measure stopped once the whole set's side of the floor was settled
         details["early_decision"] = {

@@ -129,6 +129,27 @@ def amx_tile_config(group_bytes: int) -> np.ndarray:
 
 
 # --- the activations, as the B tile loads them -----------------------------------------------------
+@njit(cache=True, inline="always")
+def _group_words(row, XA, tb, g, G, t16, count):
+    """Group g of one token's int8 ``row`` into XA[tb, g, :, t16] (word j: values 4j..4j+3);
+    with ``count`` the sum of its values (else 0)."""
+    total = np.int32(0)
+    for j in range(G // 4):
+        w = word_at_i8(row, g * G + 4 * j)
+        XA[tb, g, j, t16] = w
+        if count:
+            total += byte_sum4(w)
+    return total
+
+
+@njit(cache=True, inline="always")
+def _pad_token(XA, tb, t16, ng, G):
+    """A token slot past T: zero words (its sums come out 0 and are never stored)."""
+    for g in range(ng):
+        for j in range(G // 4):
+            XA[tb, g, j, t16] = 0
+
+
 @njit(parallel=True, cache=True)
 def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
     """The activations' int8 blocks (xq (T, k) int8; Q8_K: ``kq``, xd (T, k/256), xb (T, k/16)
@@ -137,25 +158,18 @@ def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
     (groups, T) d_x·Σq_x over the group (the affine types' minimum term). T padded to 16."""
     T, k = xq.shape
     ng = k // G
-    words = G // 4
     for tb in prange(XA.shape[0]):
         for t16 in range(AMX_TOKENS):
             t = tb * AMX_TOKENS + t16
             if t >= T:
+                _pad_token(XA, tb, t16, ng, G)
                 for g in range(ng):
-                    for j in range(words):
-                        XA[tb, g, j, t16] = 0
                     XD[g, t] = 0.0
                     XB[g, t] = 0.0
                 continue
             row = xq[t]
             for g in range(ng):
-                total = np.int32(0)
-                for j in range(words):
-                    w = word_at_i8(row, g * G + 4 * j)
-                    XA[tb, g, j, t16] = w
-                    if not kq:
-                        total += byte_sum4(w)
+                total = _group_words(row, XA, tb, g, G, t16, not kq)
                 if kq:
                     dx = xd[t, (g * G) // QK_K]
                     for h in range(G // 16):
@@ -200,22 +214,15 @@ def arrange_amx_lo(xq_lo, G, XA_lo, XD, XB):
     16-bit quants 128·q + q_lo, and XB (d·Σq) d·Σq + (d/128)·Σq_lo, their minimum term's sum."""
     T, k = xq_lo.shape
     ng = k // G
-    words = G // 4
     for tb in prange(XA_lo.shape[0]):
         for t16 in range(AMX_TOKENS):
             t = tb * AMX_TOKENS + t16
             if t >= T:
-                for g in range(ng):
-                    for j in range(words):
-                        XA_lo[tb, g, j, t16] = 0
+                _pad_token(XA_lo, tb, t16, ng, G)
                 continue
             row = xq_lo[t]
             for g in range(ng):
-                total = np.int32(0)
-                for j in range(words):
-                    w = word_at_i8(row, g * G + 4 * j)
-                    XA_lo[tb, g, j, t16] = w
-                    total += byte_sum4(w)
+                total = _group_words(row, XA_lo, tb, g, G, t16, True)
                 d = XD[g, t] / np.float32(LO_STEPS)
                 XD[g, t] = d
                 XB[g, t] += d * np.float32(total)
