@@ -84,9 +84,12 @@ def test_real_gemma_chat_prompt_tokenizes_and_decodes_as_llama_cpp(real_gemma, a
     ours, _ = generate(Model(real_gemma, n_ctx=256), ids, 12)
     theirs = llamacpp.greedy(real_gemma, ids, 12, n_ctx=256, n_threads=2).value
     if ours != theirs:  # both round activations to 8 bits, in different orders: a near-tie may swap
-        # (measured: token 7, a margin of 0.2 % of the largest logit; which side it falls on depends on whether
-        # numba compiled the K-quant kernels in this process or loaded them from its cache)
+        # (measured: token 7, where every logit is negative and the top few lie within 0.3 of each
+        # other; llama.cpp's greedy run and its own batched logits of the same prefix picked
+        # different tokens there, AMD EPYC znver4 on its default buffers). So the tie is judged by
+        # llama.cpp's own logits of our prefix: our pick must be within 1 % of the largest logit
+        # of its top.
         k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
         assert k >= 4, (k, ours, theirs)  # the answer itself agrees
-        logits = Model(real_gemma, n_ctx=256).forward(ids + ours[:k], all_logits=True)[-1]
-        assert logits[ours[k]] - logits[theirs[k]] < 1e-2 * np.abs(logits).max(), (k, ours, theirs)
+        ref = np.asarray(llamacpp.logits(real_gemma, ids + ours[:k], n_ctx=256, n_threads=2).value)[-1]
+        assert ref.max() - ref[ours[k]] < 1e-2 * np.abs(ref).max(), (k, ours, theirs)
