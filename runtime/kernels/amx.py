@@ -68,6 +68,7 @@ from runtime.kernels.kq_tiles import (
     unpack_rows,
     word_at_i8,
 )
+from runtime.kernels.quantize import LO_STEPS, residual_plane
 
 AMX_TYPES = TILE_TYPES
 AMX_ROWS = 16  # weight rows per tile (the A tile's rows, the C tile's rows)
@@ -178,33 +179,6 @@ def arrange_amx(xq, xd, xb, G, kq, XA, XD, XB):
                     dx = xd[t, g]
                 XD[g, t] = dx
                 XB[g, t] = dx * np.float32(total)
-
-
-# --- a second activation plane (the "int16" arithmetic) ------------------------------------------
-# The int8 blocks round each activation to d·q (d = the block's max/127): an error of up to d/2
-# per value, which moves a model's perplexity by ~1-2 % (the real Gemma 3 270M: +1.8 %). The
-# second plane is that error in steps of d/128, q_lo = rint((x − d·q)·128/d), also int8 (|q_lo|
-# ≤ ~72): the tiles form both planes' integer sums from the same weight tile (two TDPBUSD/TDPBSSD)
-# and add them as 128·Σq_w·q + Σq_w·q_lo, the sums of 16-bit activations 128·q + q_lo in steps of
-# d/128, before the same float step. The result is the float product to ~1/32,000 of a block's
-# largest value: perplexity equal to the float path's (docs/benchmarks.md).
-LO_STEPS = 128  # the second plane's steps per step of the first (a power of two: d/128 is exact)
-
-
-@njit(parallel=True, cache=True)
-def residual_plane(X, xq, xd, block):
-    """The second plane of X (T, k) float32 after its int8 blocks (xq (T, k) int8, xd (T, k/block)
-    the blocks' d): rint((x − d·q)·128/d) as int8 (0 where d is 0)."""
-    T, k = X.shape
-    out = np.empty((T, k), np.int8)
-    for t in prange(T):
-        for b in range(k // block):
-            d = xd[t, b]
-            inv = np.float32(LO_STEPS) / d if d != 0 else np.float32(0.0)
-            for i in range(b * block, (b + 1) * block):
-                v = np.rint((X[t, i] - d * np.float32(xq[t, i])) * inv)
-                out[t, i] = np.int8(max(-127.0, min(127.0, v)))
-    return out
 
 
 @njit(parallel=True, cache=True)

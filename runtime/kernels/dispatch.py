@@ -20,7 +20,7 @@ from runtime.kernels.float_rows import (
 )
 from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.ir_helpers import int_dot_features
-from runtime.kernels.kq_tiles import B32_TILES, LANE_VALUES, SIGNED, arranged, mm_tiles, tiled
+from runtime.kernels.kq_tiles import B32_TILES, LANE_VALUES, SIGNED, arranged, arranged_two, mm_tiles, tiled
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
@@ -101,61 +101,52 @@ def mm_block_int8(fmt, W, X, rows, Y):
         mm_b32_int8(W, *_quantized(X, fmt in AFFINE_B32), rows, Y, B32_KIND[fmt])
 
 
-def _dequantized(X, fmt):
-    """The int8 activation blocks ``fmt``'s int8 kernel would multiply, as float32 values
-    (shared like the blocks themselves while ``share_input(X)`` holds X)."""
-    how = "k" if fmt in KQ_INT_KIND else fmt in AFFINE_B32
-    key = ("values", how)
+def _shared(X, key, make):
+    """``make()``, kept for the other matmuls of X while ``share_input(X)`` holds X."""
     shared = X is _SHARED["x"]
     if shared and key in _SHARED["q"]:
         return _SHARED["q"][key]
-    out = q8_k_values(X) if how == "k" else q8_0_values(X)
+    out = make()
     if shared:
         _SHARED["q"][key] = out
     return out
+
+
+def _blocks(X, fmt):  # the int8 blocks fmt's tiles take: Q8_0 (xq, xd) or Q8_K (xq, xd, xb)
+    return _quantized(X, False)[:2] if fmt in B32_TILES else _quantized(X, "k")
+
+
+def _dequantized(X, fmt):
+    """The int8 activation blocks ``fmt``'s int8 kernel would multiply, as float32 values."""
+    how = "k" if fmt in KQ_INT_KIND else fmt in AFFINE_B32
+    return _shared(X, ("values", how), lambda: q8_k_values(X) if how == "k" else q8_0_values(X))
+
+
+def _layout_key(fmt):  # activations arranged for fmt serve every type with the same key
+    return "b32" + "s" * (fmt in SIGNED) if fmt in B32_TILES else LANE_VALUES[fmt]
 
 
 def _arranged(X, fmt):
     """X's int8 blocks in ``fmt``'s lane layout (runtime.kernels.kq_tiles: Q8_K for the
-    K-quants, Q8_0 for the 32-value types), shared like the blocks while ``share_input(X)``
-    holds X."""
-    b32 = fmt in B32_TILES
-    key = ("lanes", "b32" + "s" * (fmt in SIGNED) if b32 else LANE_VALUES[fmt])
-    shared = X is _SHARED["x"]
-    if shared and key in _SHARED["q"]:
-        return _SHARED["q"][key]
-    out = arranged(fmt, *_quantized(X, False)[:2]) if b32 else arranged(fmt, *_quantized(X, "k"))
-    if shared:
-        _SHARED["q"][key] = out
-    return out
+    K-quants, Q8_0 for the 32-value types)."""
+    return _shared(X, ("lanes", _layout_key(fmt)), lambda: arranged(fmt, *_blocks(X, fmt)))
+
+
+def _arranged_two(X, fmt):
+    """X's int8 blocks and their second plane in ``fmt``'s lane layout (``kq_tiles.arranged_two``)."""
+    return _shared(X, ("lanes2", _layout_key(fmt)), lambda: arranged_two(fmt, X, *_blocks(X, fmt)))
 
 
 def _arranged_amx(X, fmt):
-    """X's int8 blocks as the AMX tiles load them (runtime.kernels.amx), shared like ``_arranged``."""
-    b32 = fmt in B32_TILES
-    key = ("amx", "b32" if b32 else LANE_VALUES[fmt])
-    shared = X is _SHARED["x"]
-    if shared and key in _SHARED["q"]:
-        return _SHARED["q"][key]
-    out = amx.arranged_amx(fmt, *_quantized(X, False)[:2]) if b32 else amx.arranged_amx(fmt, *_quantized(X, "k"))
-    if shared:
-        _SHARED["q"][key] = out
-    return out
+    """X's int8 blocks as the AMX tiles load them (runtime.kernels.amx)."""
+    key = ("amx", "b32" if fmt in B32_TILES else LANE_VALUES[fmt])
+    return _shared(X, key, lambda: amx.arranged_amx(fmt, *_blocks(X, fmt)))
 
 
 def _arranged_amx2(X, fmt):
-    """X's int8 blocks and their second plane as the AMX tiles load them (``amx.arranged_amx2``),
-    shared like ``_arranged``."""
-    b32 = fmt in B32_TILES
-    key = ("amx2", "b32" if b32 else LANE_VALUES[fmt])
-    shared = X is _SHARED["x"]
-    if shared and key in _SHARED["q"]:
-        return _SHARED["q"][key]
-    blocks = _quantized(X, False)[:2] if b32 else _quantized(X, "k")
-    out = amx.arranged_amx2(fmt, X, *blocks)
-    if shared:
-        _SHARED["q"][key] = out
-    return out
+    """X's int8 blocks and their second plane as the AMX tiles load them (``amx.arranged_amx2``)."""
+    key = ("amx2", "b32" if fmt in B32_TILES else LANE_VALUES[fmt])
+    return _shared(X, key, lambda: amx.arranged_amx2(fmt, X, *_blocks(X, fmt)))
 
 
 def mm_block_gemm(fmt, W, X, Y, int8: bool):
@@ -176,6 +167,14 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
     gemm_rows(W, Xf, Y, lambda Wc, out: decode_block_rows(fmt, Wc, out))
 
 
+# Matrices of at least this many values run "int16" in the two-plane register tiles where the
+# CPU has no AMX; smaller ones in the float32 GEMM, which is then faster: the second plane
+# doubles the tiles' integer work. 128 tokens, 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per
+# matmul int16 tiles / float GEMM: Q4_K 640 × 2048 3.8 / 2.2, Q5_0 2048 × 640 6.3 / 2.5, a
+# Q8_0 16,384 × 640 chunk of the real Gemma's output head 17.7 / 19.3, Q4_K 4096 × 4096 19.4 / 32.0.
+INT16_TILES_MIN_VALUES = 1 << 22
+
+
 def mm_block_arith(fmt, W, X, rows, Y):
     """``mm_block`` in the process's arithmetic: int8 for INT8_ALL under "int8", else float.
     What the runtime's weights call (runtime.weights.KERNELS). From GEMM_MIN_TOKENS tokens on, a
@@ -184,6 +183,9 @@ def mm_block_arith(fmt, W, X, rows, Y):
     if rows is None and use_gemm(X.shape[0]):
         if _ARITHMETIC["name"] == "int16" and amx.amx_runs(fmt, X.shape[1]):
             amx.mm_amx(fmt, W, _arranged_amx2(X, fmt), Y, gemm.CHUNK_VALUES)
+            return
+        if _ARITHMETIC["name"] == "int16" and tiled(fmt) and W.shape[0] * X.shape[1] >= INT16_TILES_MIN_VALUES:
+            mm_tiles(fmt, W, _arranged_two(X, fmt), Y, gemm.CHUNK_VALUES)
             return
         mm_block_gemm(fmt, W, X, Y, int8)
     elif int8:
@@ -216,9 +218,11 @@ def arithmetic_label(kinds=None) -> str:
     if arithmetic() == "float":
         return "float"
     if arithmetic() == "int16":
-        tiles = (lower is None or lower & set(amx.AMX_TYPES)) and amx.amx_available()
-        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: AMX tiles on two int8 activation planes)"
-                if tiles else "int16 (float here: no AMX tiles for these types)")
+        tiled_types = {t for t in amx.AMX_TYPES if tiled(t)} if lower is None else {t for t in lower if tiled(t)}
+        if not tiled_types:
+            return "int16 (float here: no integer tiles for these types)"
+        where = "AMX tiles" if amx.amx_available() else f"register tiles ({INT_DOT_NAMES[int_dot_features()]})"
+        return f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: {where} on two int8 activation planes)"
     if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
         return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
     f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""

@@ -59,6 +59,7 @@ from runtime.kernels.kquants import (
     Q6K_QH,
     Q6K_SCALES,
 )
+from runtime.kernels.quantize import LO_STEPS, residual_plane
 
 KQ_TILES = ("q4_k", "q5_k", "q6_k")
 B32_TILES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # a lane per block (IQ4_NL: the float32 GEMM)
@@ -359,15 +360,22 @@ def _transpose_sums(b, vs):
     return vs[0]
 
 
-def _tile_codegen(words, signed):
+def _tile_codegen(words, signed, planes=1):
     """The 4 × 4 tile of G = 4·words values per lane. ``signed``: the weights' quants are signed
     and the activations' unsigned (q_x + 128), each pair's integer sums start from the row's
     −128·Σq_w (``c`` holds it as int32) and no offset term is left for the floats; otherwise
-    the weights' quants are unsigned, the activations signed, and c·(d_x·bsum) comes off."""
+    the weights' quants are unsigned, the activations signed, and c·(d_x·bsum) comes off.
+    ``planes`` 2 ("int16"): a second activation array after xb, the first plane's remainder in
+    steps of 1/128 of its (quantize.residual_plane); the int32 sums of the first plane are
+    shifted left by 7 and the second's added (from the row's start again where ``signed``): the
+    exact sums of the 16-bit activations 128·q + q_lo, whose d (xd) and sums (xb) the caller
+    gave in steps of d/128 (``arranged_two``)."""
     def codegen(context, builder, sig, args):
         how = int_dot_features()
+        na = 6 + planes - 1  # arrays before the integers
         q, s, c, xq, xd, xb = (array_data(context, builder, sig.args[i], args[i]) for i in range(6))
-        r0, t0, nu, u0, u1 = args[6:11]  # the tile's first row and token; the slab's units
+        xq2 = array_data(context, builder, sig.args[6], args[6]) if planes == 2 else xq
+        r0, t0, nu, u0, u1 = args[na:na + 5]  # the tile's first row and token; the slab's units
         rows = [builder.add(r0, const(r0.type, i)) for i in range(RT)]  # consecutive (padded to 4)
         toks = [builder.add(t0, const(t0.type, i)) for i in range(TT)]
         ity = nu.type
@@ -380,6 +388,8 @@ def _tile_codegen(words, signed):
         ws = [builder.gep(s, [builder.mul(r, slen)]) for r in rows]
         wc = [builder.gep(c, [builder.mul(r, slen)]) for r in rows]
         xqs = [builder.gep(xqb, [builder.mul(t, qlen)]) for t in toks]
+        xqb2 = builder.bitcast(xq2, i8p)
+        planes_x = [xqs, [builder.gep(xqb2, [builder.mul(t, qlen)]) for t in toks]][:planes]
         xds = [builder.gep(xd, [builder.mul(t, slen)]) for t in toks]
         xbs = [builder.gep(xb, [builder.mul(t, slen)]) for t in toks]
         ST = ir.LiteralStructType([V16F] * (RT * TT))
@@ -398,18 +408,23 @@ def _tile_codegen(words, signed):
                 isum = [[start[r]] * TT for r in range(RT)]
             else:
                 isum = [[None] * TT for _ in range(RT)]
-            for j in range(words):
-                off = builder.add(qo, const(ity, 64 * j))
-                wv = [vload(builder, wq[r], off, V64I8, 1) for r in range(RT)]
-                xv = [vload(builder, xqs[t], off, V64I8, 1) for t in range(TT)]
-                for r in range(RT):
-                    for t in range(TT):
-                        u8, s8 = (xv[t], wv[r]) if signed else (wv[r], xv[t])
-                        if vnni:
-                            isum[r][t] = idot_u8s8(builder, u8, s8, how, acc=isum[r][t])
-                        else:
-                            part = idot_u8s8(builder, u8, s8, how)
-                            isum[r][t] = part if isum[r][t] is None else builder.add(isum[r][t], part)
+            for p, xrows in enumerate(planes_x):
+                if p:  # the first plane's sums × 128, then the second's from the row's start again
+                    seven = const(V16I32, [7] * 16)
+                    isum = [[builder.add(builder.shl(isum[r][t], seven), start[r]) if signed else builder.shl(isum[r][t], seven)
+                             for t in range(TT)] for r in range(RT)]
+                for j in range(words):
+                    off = builder.add(qo, const(ity, 64 * j))
+                    wv = [vload(builder, wq[r], off, V64I8, 1) for r in range(RT)]
+                    xv = [vload(builder, xrows[t], off, V64I8, 1) for t in range(TT)]
+                    for r in range(RT):
+                        for t in range(TT):
+                            u8, s8 = (xv[t], wv[r]) if signed else (wv[r], xv[t])
+                            if vnni:
+                                isum[r][t] = idot_u8s8(builder, u8, s8, how, acc=isum[r][t])
+                            else:
+                                part = idot_u8s8(builder, u8, s8, how)
+                                isum[r][t] = part if isum[r][t] is None else builder.add(isum[r][t], part)
             sr = [vload(builder, ws[r], so, V16F, 4) for r in range(RT)]
             cr = None if signed else [vload(builder, wc[r], so, V16F, 4) for r in range(RT)]
             for t in range(TT):
@@ -432,23 +447,29 @@ def _tile_codegen(words, signed):
     return codegen
 
 
-def _tile(words, signed):
-    gen = _tile_codegen(words, signed)
+def _tile(words, signed, planes=1):
+    gen = _tile_codegen(words, signed, planes)
+    out = types.UniTuple(types.float32, RT * TT)
 
-    def typer(typingctx, q, s, c, xq, xd, xb, r0, t0, nu, u0, u1):
-        return types.UniTuple(types.float32, RT * TT)(q, s, c, xq, xd, xb, r0, t0, nu, u0, u1), gen
+    if planes == 1:
+        def typer(typingctx, q, s, c, xq, xd, xb, r0, t0, nu, u0, u1):
+            return out(q, s, c, xq, xd, xb, r0, t0, nu, u0, u1), gen
+    else:
+        def typer(typingctx, q, s, c, xq, xd, xb, xq2, r0, t0, nu, u0, u1):
+            return out(q, s, c, xq, xd, xb, xq2, r0, t0, nu, u0, u1), gen
 
-    typer.__name__ = f"kq_tile_{words}{'s' if signed else ''}"
+    typer.__name__ = f"kq_tile_{words}{'s' if signed else ''}{'_2' if planes == 2 else ''}"
     return intrinsic(typer)
 
 
 _tile8, _tile8s, _tile4s = _tile(8, False), _tile(8, True), _tile(4, True)
+_tile8_2, _tile8s_2, _tile4s_2 = _tile(8, False, 2), _tile(8, True, 2), _tile(4, True, 2)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def tiles(Q, S, C, XQ, XD, XB, g32, signed, nunits, n, T, tblock, Y, y0):
+def tiles(Q, S, C, XQ, XD, XB, XQ2, two, g32, signed, nunits, n, T, tblock, Y, y0):
     """Y[:T, y0 + r] = the products of the lane-layout rows r < n of (Q, S, C) with the tokens of
-    (XQ, XD, XB), by 4 × 4 register tiles (rows and tokens padded with zeros to multiples of 4):
+    (XQ, XD, XB) (``two``: and the second plane XQ2, ``_tile_codegen``), by 4 × 4 register tiles (rows and tokens padded with zeros to multiples of 4):
     token blocks of ``tblock`` (their activations stay in L2), row tiles in parallel, each row
     tile's units in slabs of about SLAB_VALUES values (four rows' slab stays in L1 while the
     block's tokens pass it)."""
@@ -460,7 +481,14 @@ def tiles(Q, S, C, XQ, XD, XB, g32, signed, nunits, n, T, tblock, Y, y0):
             for u0 in range(0, nunits, slab):
                 u1 = min(nunits, u0 + slab)
                 for t in range(tb, te, TT):
-                    if not g32:
+                    if two:
+                        if not g32:
+                            y = _tile4s_2(Q, S, C, XQ, XD, XB, XQ2, r, t, nunits, u0, u1)
+                        elif signed:
+                            y = _tile8s_2(Q, S, C, XQ, XD, XB, XQ2, r, t, nunits, u0, u1)
+                        else:
+                            y = _tile8_2(Q, S, C, XQ, XD, XB, XQ2, r, t, nunits, u0, u1)
+                    elif not g32:
                         y = _tile4s(Q, S, C, XQ, XD, XB, r, t, nunits, u0, u1)
                     elif signed:
                         y = _tile8s(Q, S, C, XQ, XD, XB, r, t, nunits, u0, u1)
@@ -509,11 +537,26 @@ def arranged(fmt: str, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = N
     return XQ, XD, XB
 
 
+def arranged_two(fmt: str, X: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray | None = None):
+    """``arranged`` of X's int8 blocks (xq, xd[, xb]) plus their second plane
+    (quantize.residual_plane) in the same layout: (XQ, XD, XB, XQ2) with XD each lane's d/128
+    and XB the lane's d/128·Σ(128·q + q_lo), what the two-plane tiles multiply."""
+    XQ, XD, XB = arranged(fmt, xq, xd, xb)
+    lo = residual_plane(np.ascontiguousarray(X, np.float32), xq, xd, xq.shape[1] // xd.shape[1])
+    lo_sums = None if fmt in B32_TILES else lo.reshape(lo.shape[0], -1, 16).sum(axis=2, dtype=np.int16)
+    XQ2, _, XB2 = arranged(fmt, lo, xd, lo_sums)
+    XD /= np.float32(LO_STEPS)
+    XB += XB2 / np.float32(LO_STEPS)
+    return XQ, XD, XB, XQ2
+
+
 def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> None:
     """Y (T, n) = the int8 products of every row of W (``fmt`` in TILE_TYPES, the file's bytes)
-    with the tokens ``xs`` (``arranged``), the rows unpacked in chunks of at most
-    ``chunk_values`` values (each chunk then meets every token)."""
-    XQ, XD, XB = xs
+    with the tokens ``xs`` (``arranged``; ``arranged_two``: 16-bit activations in two planes),
+    the rows unpacked in chunks of at most ``chunk_values`` values (each chunk then meets every
+    token)."""
+    XQ, XD, XB = xs[:3]
+    XQ2 = xs[3] if len(xs) == 4 else XQ
     T = Y.shape[0]
     n = W.shape[0]
     k = W.shape[1] // TILE_BYTES[fmt] * (QK if fmt in B32_TILES else QK_K)
@@ -525,7 +568,7 @@ def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> N
     S = reused_buffer("s", rows * nu * LANES, np.float32).reshape(rows, -1)
     C = reused_buffer("c", rows * nu * LANES, np.float32).reshape(rows, -1)
     g32 = LANE_VALUES[fmt] == 32
-    tblock = max(TT, min(TOKEN_BLOCK, TOKEN_BLOCK_BYTES // (4 * XQ.shape[1])) // TT * TT)
+    tblock = max(TT, min(TOKEN_BLOCK, TOKEN_BLOCK_BYTES // (4 * XQ.shape[1] * (len(xs) - 2))) // TT * TT)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         m = r1 - r0
@@ -534,4 +577,4 @@ def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> N
         mp = -(-m // RT) * RT
         for a in (Q, S, C):
             a[m:mp] = 0
-        tiles(Q, S, C, XQ, XD, XB, g32, fmt in SIGNED, nu, m, T, tblock, Y, r0)
+        tiles(Q, S, C, XQ, XD, XB, XQ2, len(xs) == 4, g32, fmt in SIGNED, nu, m, T, tblock, Y, r0)

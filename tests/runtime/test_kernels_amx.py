@@ -212,6 +212,7 @@ def test_int16_label_says_where_it_runs(monkeypatch):
         monkeypatch.setitem(amx._STATE, "ok", True)
         assert "AMX tiles on two int8 activation planes" in K.arithmetic_label(["Q4_K"])
         monkeypatch.setitem(amx._STATE, "ok", False)
-        assert K.arithmetic_label(["Q4_K"]).startswith("int16 (float here")
+        assert "register tiles" in K.arithmetic_label(["Q4_K"])
+        assert K.arithmetic_label(["IQ4_NL"]).startswith("int16 (float here")
     finally:
         K.set_arithmetic(before)

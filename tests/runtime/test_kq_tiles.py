@@ -128,6 +128,36 @@ def test_tiles_equal_the_one_token_kernels(fmt, nsb, int8_gemm):
     assert (np.abs(tiled - per_token) <= tol * (Xq @ Wf.T) + 1e-30).all()
 
 
+@pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
+def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch, arithmetic):
+    """``--arithmetic int16`` without AMX: the register tiles on 16-bit activations (two int8
+    planes, the first's sums shifted by 7 bits before the second's) give the float product of
+    the decoded weights to ~1e-4 of its scale, where one int8 plane (llama.cpp's rounding) is
+    ~100x further off; two token blocks, ragged rows and tokens, a padded unit."""
+    monkeypatch.setattr(amx, "amx_runs", lambda fmt, k: False)
+    monkeypatch.setattr(dispatch, "INT16_TILES_MIN_VALUES", 0)  # these small matrices too
+    planes = []
+    monkeypatch.setattr(dispatch, "mm_tiles", lambda f, W, xs, Y, c: planes.append(len(xs) - 2) or kq_tiles.mm_tiles(f, W, xs, Y, c))
+    b32 = fmt in kq_tiles.B32_TILES
+    block = 32 if b32 else 256
+    nb = 21 if b32 else 3
+    W = random_blocks(fmt, 39, nb, RNG)
+    T = gemm.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 3
+    X = RNG.standard_normal((T, block * nb)).astype(np.float32)
+    X[:, ::7] *= 20  # outliers: the int8 blocks round the rest of their block coarsely
+    Wf = K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64)
+    exact = X.astype(np.float64) @ Wf.T
+    scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
+    err = {}
+    for arith in ("int8", "int16"):
+        arithmetic(arith)
+        Y = np.full((T, 39), np.nan, np.float32)
+        K.mm_block_arith(fmt, W, X, None, Y)
+        err[arith] = (np.abs(Y - exact) / scale).max()
+    assert err["int16"] < 1e-4 and err["int8"] > 30 * err["int16"], err
+    assert planes == [1, 2]  # each in the tiles
+
+
 def test_chunks_of_rows_equal_one_chunk(monkeypatch, int8_gemm):  # the output head's chunks
     W = random_blocks("q4_k", 50, 2, RNG)
     X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 512)).astype(np.float32)
@@ -142,7 +172,7 @@ def test_chunks_of_rows_equal_one_chunk(monkeypatch, int8_gemm):  # the output h
 _AVX2_CHECK = """
 import numpy as np
 from runtime import kernels as K
-from runtime.kernels import gemm
+from runtime.kernels import dispatch, gemm
 from tests.runtime.quant_blocks import random_blocks
 assert K.int_dot_features() == "avx2", K.int_dot_features()
 rng = np.random.default_rng(0)
@@ -157,6 +187,14 @@ for fmt in ("q4_k", "q5_k", "q6_k", "q8_0", "q5_0", "q4_1"):
         K.mm_block_arith(fmt, W, X, None, Y)
         ys.append(Y)
     assert np.allclose(ys[0], ys[1], rtol=1e-4, atol=3e-3 * np.abs(ys[0]).max()), fmt
+    K.set_arithmetic("int16")  # two activation planes (pmaddubsw's 16-bit pair sums hold both)
+    dispatch.INT16_TILES_MIN_VALUES = 0  # in the tiles, however small the matrix
+    Y = np.empty((X.shape[0], 9), np.float32)
+    K.mm_block_arith(fmt, W, X, None, Y)
+    Wf = K.decode_rows_at(fmt, W, np.arange(9)).astype(np.float64)
+    scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
+    assert (np.abs(Y - X.astype(np.float64) @ Wf.T) / scale).max() < 1e-4, fmt
+    K.set_arithmetic("int8")
 print("ok")
 """
 
