@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from runtime.ggml_ops import f16_bits, fma32
+from runtime.ggml_ops import exp_shift16, f16_bits, fma32
 from runtime.kernels import axpy_f64_at, dot_f32_at
 
 
@@ -249,11 +249,27 @@ def gelu_erf(x):  # x (n,) float32: exact (erf) GELU, HF "gelu", in float32
 _C_TANH = np.float32(math.sqrt(2 / math.pi))
 
 
+GELU_CHUNK = 4096  # values per parallel chunk of ``gelu_tanh``
+
+
 @njit(parallel=True, cache=True)
 def gelu_tanh(x):  # x (n,) float32: tanh-approximated GELU (HF gelu_new / gelu_pytorch_tanh), in float32
+    """0.5·x·(1 + tanh(y)), y = √(2/π)·(x + 0.044715·x³), computed as x / (1 + exp(−2y)) (the
+    same function, no cancellation for either sign) with ggml_v_expf's polynomial 16 lanes at a
+    time (``exp_shift16``): numba's scalar tanhf took 6 ms of a (127 × 2048) call."""
+    n = x.shape[0]
     out = np.empty_like(x)
-    half, one, a = np.float32(0.5), np.float32(1.0), np.float32(0.044715)
-    for i in prange(x.shape[0]):
-        v = x[i]
-        out[i] = half * v * (one + math.tanh(_C_TANH * (v + a * (v * v * v))))
+    a, m2c, one = np.float32(0.044715), np.float32(-2.0) * _C_TANH, np.float32(1.0)
+    for c in prange((n + GELU_CHUNK - 1) // GELU_CHUNK):
+        lo = c * GELU_CHUNK
+        hi = min(n, lo + GELU_CHUNK)
+        for i in range(lo, hi):
+            v = x[i]
+            out[i] = m2c * (v + a * (v * v * v))
+        e = out[lo:hi]
+        exp_shift16(e, np.float32(0.0))
+        for i in range(lo + (hi - lo) // 16 * 16, hi):
+            out[i] = math.exp(out[i])
+        for i in range(lo, hi):
+            out[i] = x[i] / (one + out[i])
     return out
