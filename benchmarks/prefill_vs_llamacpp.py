@@ -18,7 +18,9 @@ Ours runs ``Model.forward`` (aios-run's prompt step) in the process's arithmetic
 (runtime.kernels.gemm, runtime.attention_gemm). ``--per-token`` also times the one-token kernels
 run over the whole prompt (``AIOS_BATCHED_GEMM=0``'s path) so the gain is measured in the same run.
 ``--all-logits`` asks both sides for every token's logits, as a perplexity window of
-``--tokens`` does (the output head then runs for each token). ``--crossover`` times ours at 4, 8, 16, 32 and 64 tokens with and without the GEMM form
+``--tokens`` does (the output head then runs for each token); ours then keeps the weights'
+unpacked rows across windows (``kernels.kept_unpacked``, as runtime.perplexity does; llama.cpp
+repacks at load), filled by the warm-up. ``--crossover`` times ours at 4, 8, 16, 32 and 64 tokens with and without the GEMM form
 (what GEMM_MIN_TOKENS rests on).
 
 llama.cpp (llama-cpp-python) runs in its own process (benchmarks/llamacpp_worker.py) with
@@ -60,7 +62,17 @@ class OursPrefill:
         self.all_logits = all_logits
         self.m = Model(path, mode="dense", n_ctx=n_max + 16)
         self.vocab = self.m.tok_embd.n_out
+        if all_logits:  # as runtime.perplexity runs its windows: unpacked rows kept across them
+            from runtime.kernels import kept_unpacked
+            from runtime.measure import stored_matrices
+
+            self._kept = kept_unpacked(matrices=stored_matrices(self.m))
+            self._kept.__enter__()  # until close()
         self(64)  # warm-up: pages touched, the GEMM form's kernels loaded from numba's cache
+
+    def close(self) -> None:
+        if self.all_logits:
+            self._kept.__exit__(None, None, None)
 
     def __call__(self, n: int, gemm: bool = True) -> dict:
         from runtime import kernels
@@ -138,6 +150,7 @@ def one_file(spec: str, path: Path, args) -> dict:
         row["llama_cpp_config"] = theirs.config
     finally:
         theirs.close()
+        ours.close()
     return row
 
 

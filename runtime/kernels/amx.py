@@ -57,12 +57,14 @@ from runtime.kernels.ir_helpers import (
 from runtime.kernels.kq_tiles import (
     B32_TILES,
     LANE_VALUES,
+    RT,
     SIGNED,
     TILE_BYTES,
     TILE_KIND,
     TILE_TYPES,
     byte_sum4,
     reused_buffer,
+    tiled,
     units,
     unpack_b32_rows,
     unpack_rows,
@@ -441,7 +443,9 @@ _KEPT: dict = {"on": False, "bytes": 0, "mats": {}}
 @contextlib.contextmanager
 def kept_unpacked(budget: int | None = None, matrices=None):
     """Within: each matrix's unpacked rows are kept after its first matmul (until ``budget``
-    bytes, KEEP_BYTES by default, are held) and reused; on exit they are freed.
+    bytes, KEEP_BYTES by default, are held) and reused; on exit they are freed. The AMX tiles
+    keep them in the values' order, the register tiles (runtime.kernels.kq_tiles, CPUs without
+    AMX) in their lane layout (``kept_rows``).
 
     ``matrices``: the (fmt, rows, values per row) of every matrix the passes will multiply, in
     any order. Passes go through them in a cycle, so kept rows save unpacking in proportion to
@@ -449,7 +453,8 @@ def kept_unpacked(budget: int | None = None, matrices=None):
     nothing is kept (a 32-layer Falcon-7B-dims Q4_K_M: 256 MB held for 2.5 % of its ~10 GB
     unpacked saved ~2.5 % of the unpacking and put peak RSS at 1.23x the file)."""
     budget = KEEP_BYTES if budget is None else budget
-    need = sum(unpacked_bytes(f, n, k) for f, n, k in matrices or () if f in AMX_TYPES)
+    need = sum(unpacked_bytes(f, n, k, lanes=not amx_runs(f, k)) for f, n, k in matrices or ()
+               if amx_runs(f, k) or tiled(f))
     _KEPT.update(on=2 * budget >= need, bytes=0, mats={}, budget=budget)
     try:
         yield
@@ -457,9 +462,13 @@ def kept_unpacked(budget: int | None = None, matrices=None):
         _KEPT.update(on=False, bytes=0, mats={})
 
 
-def unpacked_bytes(fmt: str, n: int, k: int) -> int:
+def unpacked_bytes(fmt: str, n: int, k: int, lanes: bool = False) -> int:
     """What keeping one matrix of ``fmt`` (n rows of k values) unpacked holds: quants, scales
-    and minimums, rows padded to the tiles' 16."""
+    and minimums, rows padded to the AMX tiles' 16 (``lanes``: the register tiles' lane layout,
+    rows padded to their 4)."""
+    if lanes:
+        mp = -(-n // RT) * RT + RT
+        return mp * 4 * units(fmt, k) * 16 * (LANE_VALUES[fmt] // 4 + 2)
     mp = -(-n // AMX_ROWS) * AMX_ROWS
     return mp * (4 * (k // 4 + 16) + 8 * units(fmt, k) * 16)
 
@@ -470,26 +479,35 @@ def _root(a: np.ndarray):  # the object that owns an array's memory (the file's 
     return a
 
 
-def _kept(fmt: str, W: np.ndarray, k: int):
-    """The matrix's kept (Q, S, C, rows padded), unpacked now if the budget allows; else None."""
-    key = (fmt, W.__array_interface__["data"][0], W.shape, W.strides)
+def kept_rows(fmt: str, W: np.ndarray, k: int, lanes: bool = False):
+    """Inside ``kept_unpacked``: the matrix's kept (Q, S, C, rows padded), unpacked now if the
+    budget allows; else (and outside) None. ``lanes``: in the register tiles' lane layout
+    (``kq_tiles.mm_tiles``' ``kept``), else in the values' order (the AMX tiles')."""
+    if not _KEPT["on"]:
+        return None
+    key = (fmt, lanes, W.__array_interface__["data"][0], W.shape, W.strides)
     hit = _KEPT["mats"].get(key)
     if hit is not None and hit[0]() is not None:  # the memory's owner alive: the same bytes
         return hit[1]
     n = W.shape[0]
-    mp = -(-n // AMX_ROWS) * AMX_ROWS
-    qw = k // 4 + 16
-    sl = units(fmt, k) * 16
-    nbytes = unpacked_bytes(fmt, n, k)
+    nbytes = unpacked_bytes(fmt, n, k, lanes)
     if _KEPT["bytes"] + nbytes > _KEPT["budget"]:
         return None
     try:
         ref = weakref.ref(_root(W))
     except TypeError:  # an owner without weak references: not kept
         return None
-    Q, S, C = np.zeros((mp, qw), np.uint32), np.zeros((mp, sl), np.float32), np.zeros((mp, sl), np.float32)
+    nu = units(fmt, k)
+    if lanes:  # rows padded to whole tiles of RT, plus the RT the last tile may read past them
+        mp = -(-n // RT) * RT
+        shape = (mp + RT, nu * 16 * (LANE_VALUES[fmt] // 4))
+    else:
+        mp = -(-n // AMX_ROWS) * AMX_ROWS
+        shape = (mp, k // 4 + 16)
+    Q = np.zeros(shape, np.uint32)
+    S, C = np.zeros((shape[0], nu * 16), np.float32), np.zeros((shape[0], nu * 16), np.float32)
     unpack = unpack_b32_rows if fmt in B32_TILES else unpack_rows
-    unpack(W, TILE_KIND[fmt], TILE_BYTES[fmt], units(fmt, k), Q[:n], S[:n], C[:n], C[:n].view(np.int32), True)
+    unpack(W, TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:n], S[:n], C[:n], C[:n].view(np.int32), not lanes)
     _KEPT["bytes"] += nbytes
     _KEPT["mats"][key] = (ref, (Q, S, C, mp))
     return Q, S, C, mp
@@ -515,7 +533,7 @@ def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> Non
     nu = units(fmt, k)
     sl = nu * 16
     cfg = amx_tile_config(G)
-    kept = _kept(fmt, W, k) if _KEPT["on"] else None
+    kept = kept_rows(fmt, W, k)
     if kept is not None:
         Q, S, C, mp = kept
         _tiles(cfg, Q, S, C, XA, lo, XD, XB, Y, G, fmt in SIGNED, n, mp, 4 * Q.shape[1], sl, k // G, 0)

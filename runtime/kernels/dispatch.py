@@ -161,7 +161,7 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
         amx.mm_amx(fmt, W, _arranged_amx(X, fmt), Y, gemm.CHUNK_VALUES)
         return
     if int8 and tiled(fmt):
-        mm_tiles(fmt, W, _arranged(X, fmt), Y, gemm.CHUNK_VALUES)
+        mm_tiles(fmt, W, _arranged(X, fmt), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], lanes=True))
         return
     Xf = _dequantized(X, fmt) if int8 else X
     gemm_rows(W, Xf, Y, lambda Wc, out: decode_block_rows(fmt, Wc, out))
@@ -169,7 +169,8 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
 
 # Matrices of at least this many values run "int16" in the two-plane register tiles where the
 # CPU has no AMX; smaller ones in the float32 GEMM, which is then faster: the second plane
-# doubles the tiles' integer work. 128 tokens, 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per
+# doubles the tiles' integer work. (Even with their unpacked rows kept across perplexity's
+# windows the tiles lost on the real Gemma's d-640 matrices: 139 against 205 tok/s.) 128 tokens, 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per
 # matmul int16 tiles / float GEMM: Q4_K 640 × 2048 3.8 / 2.2, Q5_0 2048 × 640 6.3 / 2.5, a
 # Q8_0 16,384 × 640 chunk of the real Gemma's output head 17.7 / 19.3, Q4_K 4096 × 4096 19.4 / 32.0.
 INT16_TILES_MIN_VALUES = 1 << 22
@@ -185,7 +186,7 @@ def mm_block_arith(fmt, W, X, rows, Y):
             amx.mm_amx(fmt, W, _arranged_amx2(X, fmt), Y, gemm.CHUNK_VALUES)
             return
         if _ARITHMETIC["name"] == "int16" and tiled(fmt) and W.shape[0] * X.shape[1] >= INT16_TILES_MIN_VALUES:
-            mm_tiles(fmt, W, _arranged_two(X, fmt), Y, gemm.CHUNK_VALUES)
+            mm_tiles(fmt, W, _arranged_two(X, fmt), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], lanes=True))
             return
         mm_block_gemm(fmt, W, X, Y, int8)
     elif int8:

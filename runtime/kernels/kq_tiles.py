@@ -550,11 +550,11 @@ def arranged_two(fmt: str, X: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np
     return XQ, XD, XB, XQ2
 
 
-def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> None:
+def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int, kept=None) -> None:
     """Y (T, n) = the int8 products of every row of W (``fmt`` in TILE_TYPES, the file's bytes)
     with the tokens ``xs`` (``arranged``; ``arranged_two``: 16-bit activations in two planes),
     the rows unpacked in chunks of at most ``chunk_values`` values (each chunk then meets every
-    token)."""
+    token), or taken unpacked from ``kept`` ((Q, S, C, rows padded) of every row: amx.kept_rows)."""
     XQ, XD, XB = xs[:3]
     XQ2 = xs[3] if len(xs) == 4 else XQ
     T = Y.shape[0]
@@ -562,13 +562,17 @@ def mm_tiles(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> N
     k = W.shape[1] // TILE_BYTES[fmt] * (QK if fmt in B32_TILES else QK_K)
     nu = units(fmt, k)
     words = LANE_VALUES[fmt] // 4
+    g32 = LANE_VALUES[fmt] == 32
+    tblock = max(TT, min(TOKEN_BLOCK, TOKEN_BLOCK_BYTES // (4 * XQ.shape[1] * (len(xs) - 2))) // TT * TT)
+    if kept is not None:
+        Q, S, C = kept[:3]
+        tiles(Q, S, C, XQ, XD, XB, XQ2, len(xs) == 4, g32, fmt in SIGNED, nu, n, T, tblock, Y, 0)
+        return
     step = max(RT, min(n, chunk_values // max(1, nu * LANES * LANE_VALUES[fmt])) // RT * RT)
     rows = step + RT  # whole tiles, the last one's padding rows zero
     Q = reused_buffer("q", rows * nu * LANES * words, np.uint32).reshape(rows, -1)
     S = reused_buffer("s", rows * nu * LANES, np.float32).reshape(rows, -1)
     C = reused_buffer("c", rows * nu * LANES, np.float32).reshape(rows, -1)
-    g32 = LANE_VALUES[fmt] == 32
-    tblock = max(TT, min(TOKEN_BLOCK, TOKEN_BLOCK_BYTES // (4 * XQ.shape[1] * (len(xs) - 2))) // TT * TT)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         m = r1 - r0

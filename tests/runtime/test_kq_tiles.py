@@ -137,7 +137,7 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch, arithmetic):
     monkeypatch.setattr(amx, "amx_runs", lambda fmt, k: False)
     monkeypatch.setattr(dispatch, "INT16_TILES_MIN_VALUES", 0)  # these small matrices too
     planes = []
-    monkeypatch.setattr(dispatch, "mm_tiles", lambda f, W, xs, Y, c: planes.append(len(xs) - 2) or kq_tiles.mm_tiles(f, W, xs, Y, c))
+    monkeypatch.setattr(dispatch, "mm_tiles", lambda f, W, xs, Y, c, kept: planes.append(len(xs) - 2) or kq_tiles.mm_tiles(f, W, xs, Y, c, kept))
     b32 = fmt in kq_tiles.B32_TILES
     block = 32 if b32 else 256
     nb = 21 if b32 else 3
@@ -156,6 +156,41 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch, arithmetic):
         err[arith] = (np.abs(Y - exact) / scale).max()
     assert err["int16"] < 1e-4 and err["int8"] > 30 * err["int16"], err
     assert planes == [1, 2]  # each in the tiles
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_0"])
+def test_kept_rows_in_the_lane_layout(fmt, monkeypatch, int8_gemm):
+    """Inside ``kept_unpacked`` (perplexity's windows, R1's passes) the register tiles unpack a
+    matrix once and reuse it: the same products as unpacking per matmul, in int8 and int16."""
+    nb = 2 if fmt == "q4_k" else 20
+    W = random_blocks(fmt, 41, nb, RNG)
+    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, 512 if fmt == "q4_k" else 640)).astype(np.float32)
+    fresh = np.empty((X.shape[0], 41), np.float32)
+    K.mm_block_arith(fmt, W, X, None, fresh)
+    monkeypatch.setattr(dispatch, "INT16_TILES_MIN_VALUES", 0)  # this small matrix too
+    calls = []
+    for mod in (amx, kq_tiles):
+        for name in ("unpack_rows", "unpack_b32_rows"):
+            real = getattr(mod, name)
+            monkeypatch.setattr(mod, name, lambda *a, real=real: (calls.append(1), real(*a))[1])
+    tiles_planes = []
+    monkeypatch.setattr(dispatch, "mm_tiles", lambda f, W, xs, Y, c, kept=None: tiles_planes.append((len(xs) - 2, kept is not None))
+                        or kq_tiles.mm_tiles(f, W, xs, Y, c, kept))
+    with amx.kept_unpacked(matrices=[(fmt, 41, X.shape[1])]):
+        for _ in range(3):
+            Y = np.empty_like(fresh)
+            K.mm_block_arith(fmt, W, X, None, Y)
+            np.testing.assert_array_equal(Y, fresh)
+        assert len(calls) == 1 and amx._KEPT["bytes"] == amx.unpacked_bytes(fmt, 41, X.shape[1], lanes=True)
+        K.set_arithmetic("int16")
+        K.mm_block_arith(fmt, W, X, None, Y)
+        Wf = K.decode_rows_at(fmt, W, np.arange(41)).astype(np.float64)
+        scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
+        assert (np.abs(Y - X.astype(np.float64) @ Wf.T) / scale).max() < 1e-4
+    assert len(calls) == 1 and tiles_planes == [(1, True)] * 3 + [(2, True)]
+    assert amx._KEPT["mats"] == {} and not amx._KEPT["on"]
+    K.mm_block_arith(fmt, W, X, None, Y)  # outside: unpacked again
+    assert tiles_planes[-1] == (2, False) and len(calls) > 1
 
 
 def test_chunks_of_rows_equal_one_chunk(monkeypatch, int8_gemm):  # the output head's chunks
