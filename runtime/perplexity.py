@@ -30,29 +30,34 @@ def heldout_ids(tokenizer, n_tokens: int | None = None) -> list[int]:
     return ids if n_tokens is None else ids[:n_tokens]
 
 
+NLL_CHUNK = 4096  # logits exponentiated at a time, in a per-row scratch that stays in L1
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def target_nll(logits, targets):
-    """Σ_t −log softmax(logits[t])[targets[t]] over the rows of logits (T, V) float32 (C-contiguous;
-    OVERWRITTEN with their exponentials): each row's exp(x − max) in float32 (ggml_v_expf's
-    polynomial, 16 lanes at a time: numba's scalar expf took 0.1 s of a window of 127 × 262,144
+    """Σ_t −log softmax(logits[t])[targets[t]] over the rows of logits (T, V) float32 (left as
+    they are): each row's exp(x − max) in float32 (ggml_v_expf's polynomial, 16 lanes at a time,
+    on copies of NLL_CHUNK logits: numba's scalar expf took 0.1 s of a window of 127 × 262,144
     logits), summed in float64 (1e-8 from an all-float64 sum on 262,144 logits; a numpy float64
     log-softmax of the whole matrix took 0.4 s a window)."""
     T, V = logits.shape
     out = np.empty(T, np.float64)
-    tail = V // 16 * 16
     for t in prange(T):
         row = logits[t]
         m = row[0]
         for j in range(1, V):
             m = max(m, row[j])
-        x = np.float64(row[targets[t]])
-        exp_shift16(row, m)
+        e = np.empty(NLL_CHUNK, np.float32)
         s = 0.0
-        for j in range(tail):
-            s += row[j]
-        for j in range(tail, V):
-            s += math.exp(row[j] - m)
-        out[t] = np.float64(m) + math.log(s) - x
+        for c in range(0, V, NLL_CHUNK):
+            n = min(NLL_CHUNK, V - c)
+            e[:n] = row[c:c + n]
+            exp_shift16(e[:n], m)
+            for j in range(n // 16 * 16):
+                s += e[j]
+            for j in range(n // 16 * 16, n):
+                s += math.exp(e[j] - m)
+        out[t] = np.float64(m) + math.log(s) - np.float64(row[targets[t]])
     return out.sum()
 
 
@@ -100,7 +105,6 @@ def _windows(model, ids, window, per_token, enabled) -> tuple[float, int]:
                 logits = np.concatenate([model.forward([t]) for t in chunk[:-1]])
             else:
                 logits = model.forward(chunk, all_logits=True)[:-1]
-            # (the window's own logits: target_nll may overwrite them)
             nll += float(target_nll(np.ascontiguousarray(logits, np.float32), np.asarray(chunk[1:], np.int64)))
             count += len(chunk) - 1
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from aios.models.aliases import FIXTURES_DIR
@@ -47,3 +48,21 @@ def test_perplexity_is_the_float_paths_in_its_default_arithmetic(exported):
     assert kernels.arithmetic() == before and default["arithmetic"] == "int16"
     f, i8, i16 = got["float"]["perplexity"], got["int8"]["perplexity"], default["perplexity"]
     assert abs(i16 / f - 1) < 2e-4 and abs(i16 / f - 1) < abs(i8 / f - 1), (f, i8, i16)
+
+
+@pytest.mark.parametrize("vocab", [33, 4096 + 7, 262_144])
+def test_target_nll_equals_a_float64_log_softmax_and_leaves_the_logits(vocab):
+    """The NLL the windows are scored by: a float64 log-softmax to 1e-8, tails of the 16-lane
+    exponentials and of the chunks included, and the caller's logits untouched (a wrapper may keep
+    them: the preset tests compare them with llama.cpp's afterwards)."""
+    from runtime.perplexity import target_nll
+
+    rng = np.random.default_rng(vocab)
+    L = (rng.standard_normal((9, vocab)) * 6).astype(np.float32)
+    targets = rng.integers(0, vocab, 9)
+    before = L.copy()
+    Ld = L.astype(np.float64)
+    m = Ld.max(axis=1, keepdims=True)
+    ref = (m[:, 0] + np.log(np.exp(Ld - m).sum(axis=1)) - Ld[np.arange(9), targets]).sum()
+    assert abs(target_nll(L, targets) - ref) <= 1e-8 * abs(ref)
+    np.testing.assert_array_equal(L, before)
