@@ -16,7 +16,7 @@ import pytest
 from runtime import kernels as K
 from runtime.kernels import amx, dispatch, gemm, kq_tiles
 from runtime.kernels.quantize import quantize_activations_k
-from tests.runtime.quant_blocks import random_blocks
+from tests.runtime.quant_blocks import arithmetic_errors, random_blocks
 
 RNG = np.random.default_rng(5)
 needs_amx = pytest.mark.skipif(not amx.amx_available(), reason="this CPU or kernel has no AMX-INT8 tiles")
@@ -182,7 +182,6 @@ def test_int16_two_planes_equal_the_float_product(fmt):
     """``--arithmetic int16``: the tiles on 16-bit activations (two int8 planes) give the float
     product of the decoded weights to ~1e-4 of its scale, where one int8 plane (llama.cpp's
     rounding) is ~100× further off; a padded token block, ragged rows and several chunks."""
-    before = K.arithmetic()
     b32 = fmt in kq_tiles.B32_TILES
     block = 32 if b32 else 256
     nblocks = 21 if b32 else 3
@@ -190,18 +189,7 @@ def test_int16_two_planes_equal_the_float_product(fmt):
     T = gemm.GEMM_MIN_TOKENS + amx.AMX_TOKENS + 3
     X = RNG.standard_normal((T, block * nblocks)).astype(np.float32)
     X[:, ::7] *= 20  # outliers: the int8 blocks round the rest of their block coarsely
-    exact = X.astype(np.float64) @ K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64).T
-    scale = np.abs(X).astype(np.float64) @ np.abs(K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64)).T
-    err = {}
-    try:
-        for arith in ("int8", "int16"):
-            K.set_arithmetic(arith)
-            Y = np.full((T, 39), np.nan, np.float32)
-            K.mm_block_arith(fmt, W, X, None, Y)
-            err[arith] = (np.abs(Y - exact) / scale).max()
-    finally:
-        K.set_arithmetic(before)
-    print(fmt, err)
+    err = arithmetic_errors(fmt, W, X)
     assert err["int16"] < 1e-4 and err["int8"] > 30 * err["int16"], err
 
 

@@ -11,7 +11,7 @@ import pytest
 from runtime import kernels as K
 from runtime.kernels import amx, dispatch, gemm, kq_tiles
 from runtime.kernels.quantize import quantize_activations_k
-from tests.runtime.quant_blocks import random_blocks
+from tests.runtime.quant_blocks import arithmetic_errors, random_blocks
 
 RNG = np.random.default_rng(11)
 
@@ -129,7 +129,7 @@ def test_tiles_equal_the_one_token_kernels(fmt, nsb, int8_gemm):
 
 
 @pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
-def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch, arithmetic):
+def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch):
     """``--arithmetic int16`` without AMX: the register tiles on 16-bit activations (two int8
     planes, the first's sums shifted by 7 bits before the second's) give the float product of
     the decoded weights to ~1e-4 of its scale, where one int8 plane (llama.cpp's rounding) is
@@ -145,15 +145,7 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch, arithmetic):
     T = gemm.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 3
     X = RNG.standard_normal((T, block * nb)).astype(np.float32)
     X[:, ::7] *= 20  # outliers: the int8 blocks round the rest of their block coarsely
-    Wf = K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64)
-    exact = X.astype(np.float64) @ Wf.T
-    scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
-    err = {}
-    for arith in ("int8", "int16"):
-        arithmetic(arith)
-        Y = np.full((T, 39), np.nan, np.float32)
-        K.mm_block_arith(fmt, W, X, None, Y)
-        err[arith] = (np.abs(Y - exact) / scale).max()
+    err = arithmetic_errors(fmt, W, X)
     assert err["int16"] < 1e-4 and err["int8"] > 30 * err["int16"], err
     assert planes == [1, 2]  # each in the tiles
 
