@@ -222,8 +222,10 @@ def arithmetic_label(kinds=None) -> str:
         tiled_types = {t for t in amx.AMX_TYPES if tiled(t)} if lower is None else {t for t in lower if tiled(t)}
         if not tiled_types:
             return "int16 (float here: no integer tiles for these types)"
-        where = "AMX tiles" if amx.amx_available() else f"register tiles ({INT_DOT_NAMES[int_dot_features()]})"
-        return f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: {where} on two int8 activation planes)"
+        if amx.amx_available():
+            return f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: AMX tiles on two int8 activation planes)"
+        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens, matrices of {INT16_TILES_MIN_VALUES >> 20} M values "
+                f"and more: register tiles ({INT_DOT_NAMES[int_dot_features()]}) on two int8 activation planes)")
     if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
         return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
     f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""
