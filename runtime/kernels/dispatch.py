@@ -169,10 +169,11 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
 
 # Matrices of at least this many values run "int16" in the two-plane register tiles where the
 # CPU has no AMX; smaller ones in the float32 GEMM, which is then faster: the second plane
-# doubles the tiles' integer work. (Even with their unpacked rows kept across perplexity's
-# windows the tiles lost on the real Gemma's d-640 matrices: 139 against 205 tok/s.) 128 tokens, 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per
-# matmul int16 tiles / float GEMM: Q4_K 640 × 2048 3.8 / 2.2, Q5_0 2048 × 640 6.3 / 2.5, a
-# Q8_0 16,384 × 640 chunk of the real Gemma's output head 17.7 / 19.3, Q4_K 4096 × 4096 19.4 / 32.0.
+# doubles the tiles' integer work (even with their unpacked rows kept across perplexity's
+# windows the tiles lost on the real Gemma's d-640 matrices: 139 against 205 tok/s). 128 tokens,
+# 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per matmul, int16 tiles / float GEMM: Q4_K
+# 640 × 2048 2.2-3.8 / 2.2; Q5_0 2048 × 640 2.5-6.3 / 2.4-2.5; a Q8_0 16,384 × 640 chunk of the
+# real Gemma's output head 17.2-18.1 / 19.3-19.9; Q4_K 4096 × 4096 17.8-19.4 / 31.7-32.0.
 INT16_TILES_MIN_VALUES = 1 << 22
 
 

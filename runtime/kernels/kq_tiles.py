@@ -469,10 +469,10 @@ _tile8_2, _tile8s_2, _tile4s_2 = _tile(8, False, 2), _tile(8, True, 2), _tile(4,
 @njit(parallel=True, fastmath=True, cache=True)
 def tiles(Q, S, C, XQ, XD, XB, XQ2, two, g32, signed, nunits, n, T, tblock, Y, y0):
     """Y[:T, y0 + r] = the products of the lane-layout rows r < n of (Q, S, C) with the tokens of
-    (XQ, XD, XB) (``two``: and the second plane XQ2, ``_tile_codegen``), by 4 × 4 register tiles (rows and tokens padded with zeros to multiples of 4):
-    token blocks of ``tblock`` (their activations stay in L2), row tiles in parallel, each row
-    tile's units in slabs of about SLAB_VALUES values (four rows' slab stays in L1 while the
-    block's tokens pass it)."""
+    (XQ, XD, XB) (``two``: and the second plane XQ2, ``_tile_codegen``), by 4 × 4 register
+    tiles (rows and tokens padded with zeros to multiples of 4): token blocks of ``tblock``
+    (their activations stay in L2), row tiles in parallel, each row tile's units in slabs of
+    about SLAB_VALUES values (four rows' slab stays in L1 while the block's tokens pass it)."""
     slab = max(1, SLAB_VALUES // (LANES * (32 if g32 else 16)))
     for tb in range(0, T, tblock):
         te = min(T, tb + tblock)

@@ -168,11 +168,12 @@ def quantize_activations_k(X):
 # The int8 blocks round each activation to d·q (d = the block's max/127): an error of up to d/2
 # per value, which moves a model's perplexity by ~1-2 % (the real Gemma 3 270M: +1.8 %). The
 # second plane is that error in steps of d/128, q_lo = rint((x − d·q)·128/d), also int8 (|q_lo|
-# ≤ ~72): the tiles form both planes' integer sums from the same weights (runtime.kernels.amx: two
-# TDPBUSD/TDPBSSD from one weight tile; runtime.kernels.kq_tiles: vpdpbusd over the first plane,
-# the int32 sums shifted left by 7, then over the second into the same sums) and add them as 128·Σq_w·q + Σq_w·q_lo, the sums of 16-bit activations 128·q + q_lo in steps of
-# d/128, before the same float step. The result is the float product to ~1/32,000 of a block's
-# largest value: perplexity equal to the float path's (docs/benchmarks.md).
+# ≤ ~72): the tiles form both planes' integer sums from the same weights (runtime.kernels.amx:
+# two TDPBUSD/TDPBSSD from one weight tile; runtime.kernels.kq_tiles: vpdpbusd over the first
+# plane, the int32 sums shifted left by 7, then over the second into the same sums) and add them
+# as 128·Σq_w·q + Σq_w·q_lo, the sums of 16-bit activations 128·q + q_lo in steps of d/128,
+# before the same float step. The result is the float product to ~1/32,000 of a block's largest
+# value: perplexity equal to the float path's (docs/benchmarks.md).
 LO_STEPS = 128  # the second plane's steps per step of the first (a power of two: d/128 is exact)
 
 
