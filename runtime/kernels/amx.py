@@ -71,6 +71,7 @@ from runtime.kernels.kq_tiles import (
     word_at_i8,
 )
 from runtime.kernels.quantize import LO_STEPS, residual_plane
+from runtime.kernels.row_tiles import ROW_TYPES, grouped_shapes, to_rows
 
 AMX_TYPES = TILE_TYPES
 AMX_ROWS = 16  # weight rows per tile (the A tile's rows, the C tile's rows)
@@ -445,7 +446,7 @@ def kept_unpacked(budget: int | None = None, matrices=None):
     """Within: each matrix's unpacked rows are kept after its first matmul (until ``budget``
     bytes, KEEP_BYTES by default, are held) and reused; on exit they are freed. The AMX tiles
     keep them in the values' order, the register tiles (runtime.kernels.kq_tiles, CPUs without
-    AMX) in their lane layout (``kept_rows``).
+    AMX) in theirs (``kept_layout``).
 
     ``matrices``: the (fmt, rows, values per row) of every matrix the passes will multiply, in
     any order. Passes go through them in a cycle, so kept rows save unpacking in proportion to
@@ -453,8 +454,7 @@ def kept_unpacked(budget: int | None = None, matrices=None):
     nothing is kept (a 32-layer Falcon-7B-dims Q4_K_M: 256 MB held for 2.5 % of its ~10 GB
     unpacked saved ~2.5 % of the unpacking and put peak RSS at 1.23x the file)."""
     budget = KEEP_BYTES if budget is None else budget
-    need = sum(unpacked_bytes(f, n, k, lanes=not amx_runs(f, k)) for f, n, k in matrices or ()
-               if amx_runs(f, k) or tiled(f))
+    need = sum(unpacked_bytes(f, n, k, kept_layout(f, k)) for f, n, k in matrices or () if amx_runs(f, k) or tiled(f))
     _KEPT.update(on=2 * budget >= need, bytes=0, mats={}, budget=budget)
     try:
         yield
@@ -462,13 +462,23 @@ def kept_unpacked(budget: int | None = None, matrices=None):
         _KEPT.update(on=False, bytes=0, mats={})
 
 
-def unpacked_bytes(fmt: str, n: int, k: int, lanes: bool = False) -> int:
-    """What keeping one matrix of ``fmt`` (n rows of k values) unpacked holds: quants, scales
-    and minimums, rows padded to the AMX tiles' 16 (``lanes``: the register tiles' lane layout,
-    rows padded to their 4)."""
-    if lanes:
+def kept_layout(fmt: str, k: int) -> str:
+    """How ``fmt``'s many-token matmuls keep its rows: "values" (their order: the AMX tiles),
+    "rows" (16 rows in a vector's lanes: runtime.kernels.row_tiles) or "lanes" (the register
+    tiles' lane layout, runtime.kernels.kq_tiles)."""
+    return "values" if amx_runs(fmt, k) else "rows" if fmt in ROW_TYPES else "lanes"
+
+
+def unpacked_bytes(fmt: str, n: int, k: int, layout: str = "values") -> int:
+    """What keeping one matrix of ``fmt`` (n rows of k values) unpacked holds in ``layout``
+    (``kept_layout``): quants, scales and minimums, rows padded to the AMX tiles' 16 ("values"),
+    to groups of 16 ("rows") or to the register tiles' 4 ("lanes")."""
+    if layout == "lanes":
         mp = -(-n // RT) * RT + RT
         return mp * 4 * units(fmt, k) * 16 * (LANE_VALUES[fmt] // 4 + 2)
+    if layout == "rows":
+        q, s = grouped_shapes(n, k // QK)
+        return 4 * q[0] * (q[1] + 2 * s[1])
     mp = -(-n // AMX_ROWS) * AMX_ROWS
     return mp * (4 * (k // 4 + 16) + 8 * units(fmt, k) * 16)
 
@@ -479,18 +489,19 @@ def _root(a: np.ndarray):  # the object that owns an array's memory (the file's 
     return a
 
 
-def kept_rows(fmt: str, W: np.ndarray, k: int, lanes: bool = False):
+def kept_rows(fmt: str, W: np.ndarray, k: int, layout: str = "values"):
     """Inside ``kept_unpacked``: the matrix's kept (Q, S, C, rows padded), unpacked now if the
-    budget allows; else (and outside) None. ``lanes``: in the register tiles' lane layout
-    (``kq_tiles.mm_tiles``' ``kept``), else in the values' order (the AMX tiles')."""
+    budget allows; else (and outside) None. ``layout`` (``kept_layout``): "values" the values'
+    order (the AMX tiles'), "lanes" the register tiles' lane layout (``kq_tiles.mm_tiles``'
+    ``kept``), "rows" the row tiles' groups ((QT, ST, ZT, groups): ``row_tiles.mm_rows``)."""
     if not _KEPT["on"]:
         return None
-    key = (fmt, lanes, W.__array_interface__["data"][0], W.shape, W.strides)
+    key = (fmt, layout, W.__array_interface__["data"][0], W.shape, W.strides)
     hit = _KEPT["mats"].get(key)
     if hit is not None and hit[0]() is not None:  # the memory's owner alive: the same bytes
         return hit[1]
     n = W.shape[0]
-    nbytes = unpacked_bytes(fmt, n, k, lanes)
+    nbytes = unpacked_bytes(fmt, n, k, layout)
     if _KEPT["bytes"] + nbytes > _KEPT["budget"]:
         return None
     try:
@@ -498,6 +509,7 @@ def kept_rows(fmt: str, W: np.ndarray, k: int, lanes: bool = False):
     except TypeError:  # an owner without weak references: not kept
         return None
     nu = units(fmt, k)
+    lanes = layout == "lanes"
     if lanes:  # rows padded to whole tiles of RT, plus the RT the last tile may read past them
         mp = -(-n // RT) * RT
         shape = (mp + RT, nu * 16 * (LANE_VALUES[fmt] // 4))
@@ -508,9 +520,14 @@ def kept_rows(fmt: str, W: np.ndarray, k: int, lanes: bool = False):
     S, C = np.zeros((shape[0], nu * 16), np.float32), np.zeros((shape[0], nu * 16), np.float32)
     unpack = unpack_b32_rows if fmt in B32_TILES else unpack_rows
     unpack(W, TILE_KIND[fmt], TILE_BYTES[fmt], nu, Q[:n], S[:n], C[:n], C[:n].view(np.int32), not lanes)
+    kept = (Q, S, C, mp)
+    if layout == "rows":  # the values' order moved into groups of 16 rows; the first form freed
+        shape_q, shape_s = grouped_shapes(n, k // QK)
+        kept = (np.empty(shape_q, np.uint32), np.empty(shape_s, np.float32), np.empty(shape_s, np.int32), shape_q[0])
+        to_rows(Q, S, C.view(np.int32), k // QK, n, *kept[:3])
     _KEPT["bytes"] += nbytes
-    _KEPT["mats"][key] = (ref, (Q, S, C, mp))
-    return Q, S, C, mp
+    _KEPT["mats"][key] = (ref, kept)
+    return kept
 
 
 def mm_amx(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int) -> None:
