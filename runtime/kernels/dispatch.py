@@ -32,7 +32,7 @@ from runtime.kernels.kq_tiles import (
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
-from runtime.kernels.row_tiles import ROW_TYPES, arranged_rows, mm_rows
+from runtime.kernels.row_tiles import ROW_TYPES, arranged_rows, mm_rows, pads_lanes
 from runtime.kernels.sparse import decode_block_rows
 
 # --- the process-wide arithmetic of the block kernels ----------------------------------------
@@ -152,8 +152,17 @@ def _arranged_rows(X, two: bool):
     return _shared(X, ("rows", two), lambda: arranged_rows(*_quantized(X, False)[:2], X if two else None))
 
 
-def _rows(fmt, W, X, Y, two: bool) -> None:  # the row tiles, the rows kept where perplexity keeps them
-    mm_rows(fmt, W, _arranged_rows(X, two), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], "rows"))
+def _rows(fmt, W, X, Y, two: bool) -> bool:
+    """The row tiles, where they are faster than the lane tiles: on rows kept unpacked
+    (perplexity's windows, R1's passes: 1.06-1.7x) and on rows the lane layout pads by an eighth
+    or more (d 640: 1.3-2.9x); unpacked per call, rows of 4096 values and more run 0.81-0.92x
+    the lane tiles (the move into groups of 16 rows costs more than the padding it saves).
+    Whether they ran."""
+    kept = amx.kept_rows(fmt, W, X.shape[1], "rows")
+    if kept is None and not pads_lanes(X.shape[1]):
+        return False
+    mm_rows(fmt, W, _arranged_rows(X, two), Y, gemm.CHUNK_VALUES, kept)
+    return True
 
 
 def _arranged_amx(X, fmt):
@@ -172,16 +181,15 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
     """Y = X @ Wᵀ over every row of W (the file's blocks of type ``fmt``) for many tokens. In
     int8, kq_tiles.TILE_TYPES (Q4_K, Q5_K, Q6_K, Q8_0 (with VNNI), Q4_0, Q4_1, Q5_0, Q5_1) run on
     AMX tiles where the CPU has them (runtime.kernels.amx), else integer register tiles: 16 rows
-    in a vector's lanes for Q8_0, Q4_0 and Q5_0 (runtime.kernels.row_tiles), the lane layout for
-    the rest (runtime.kernels.kq_tiles); all form the one-token kernels' integer sums; the
+    in a vector's lanes for Q8_0, Q4_0 and Q5_0 where those are faster (runtime.kernels.row_tiles,
+    ``_rows``), the lane layout otherwise (runtime.kernels.kq_tiles); all form the one-token kernels' integer sums; the
     other types, and every type under float, are decoded once, in chunks, and multiplied in
     float32 GEMMs (runtime.kernels.gemm), X first rounded to the int8 kernel's activation blocks
     under ``int8``."""
     if int8 and amx.amx_runs(fmt, X.shape[1]):
         amx.mm_amx(fmt, W, _arranged_amx(X, fmt), Y, gemm.CHUNK_VALUES)
         return
-    if int8 and tiled(fmt) and fmt in ROW_TYPES:
-        _rows(fmt, W, X, Y, two=False)
+    if int8 and tiled(fmt) and fmt in ROW_TYPES and _rows(fmt, W, X, Y, two=False):
         return
     if int8 and tiled(fmt):
         mm_tiles(fmt, W, _arranged(X, fmt), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], "lanes"))
@@ -192,7 +200,7 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
 
 # K-quant matrices of at least this many values run "int16" in the two-plane register tiles where
 # the CPU has no AMX; smaller ones in the float32 GEMM, which is then faster (Q8_0, Q4_0 and
-# Q5_0 take the row tiles at every size, as fast as the float32 GEMM at 2048 x 640): the second plane
+# Q5_0 take the row tiles where ``_rows`` picks them, faster than the float32 GEMM there): the second plane
 # doubles the tiles' integer work (even with their unpacked rows kept across perplexity's
 # windows the tiles lost on the real Gemma's d-640 matrices: 139 against 205 tok/s). 128 tokens,
 # 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per matmul, int16 tiles / float GEMM: Q4_K
@@ -210,8 +218,7 @@ def mm_block_arith(fmt, W, X, rows, Y):
         if _ARITHMETIC["name"] == "int16" and amx.amx_runs(fmt, X.shape[1]):
             amx.mm_amx(fmt, W, _arranged_amx2(X, fmt), Y, gemm.CHUNK_VALUES)
             return
-        if _ARITHMETIC["name"] == "int16" and tiled(fmt) and fmt in ROW_TYPES:
-            _rows(fmt, W, X, Y, two=True)
+        if _ARITHMETIC["name"] == "int16" and tiled(fmt) and fmt in ROW_TYPES and _rows(fmt, W, X, Y, two=True):
             return
         if _ARITHMETIC["name"] == "int16" and tiled(fmt) and W.shape[0] * X.shape[1] >= INT16_TILES_MIN_VALUES:
             mm_tiles(fmt, W, _arranged_two(X, fmt), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], "lanes"))
@@ -252,9 +259,9 @@ def arithmetic_label(kinds=None) -> str:
             return "int16 (float here: no integer tiles for these types)"
         if amx.amx_available():
             return f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: AMX tiles on two int8 activation planes)"
-        rows = "Q8_0/Q4_0/Q5_0 and " if tiled_types & set(ROW_TYPES) else ""
-        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens, {rows}matrices of {INT16_TILES_MIN_VALUES >> 20} M "
-                f"values and more: register tiles ({INT_DOT_NAMES[int_dot_features()]}) on two int8 activation planes)")
+        rows = ", and Q8_0/Q4_0/Q5_0 with short or kept rows" if tiled_types & set(ROW_TYPES) else ""
+        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens, matrices of {INT16_TILES_MIN_VALUES >> 20} M values and "
+                f"more{rows}: register tiles ({INT_DOT_NAMES[int_dot_features()]}) on two int8 activation planes)")
     if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
         return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
     f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""

@@ -185,6 +185,14 @@ def grouped_shapes(n: int, nb: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (ng, nb * WORDS * ROWS), (ng, nb * ROWS)
 
 
+def pads_lanes(k: int) -> bool:
+    """Whether a row of k values fills the lane tiles' last unit of 16 blocks to 7/8 or less
+    (runtime.kernels.kq_tiles.units), i.e. an eighth or more of their dot products are padding."""
+    nb = k // QK
+    lanes = -(-nb // 16) * 16
+    return 8 * (lanes - nb) >= lanes
+
+
 def arranged_rows(xq: np.ndarray, xd: np.ndarray, X: np.ndarray | None = None):
     """Q8_0 activation blocks (xq (T, k) int8, xd (T, k/32)) as ``row_tiles`` takes them: (XQ, XD,
     XQ2) with XQ2 XQ itself, tokens padded with zeros to whole tiles; with X (the float

@@ -99,3 +99,24 @@ def test_rows_kept_in_the_tiles_layout(fmt, no_amx, monkeypatch):
     assert kept == [True] * 3 and amx._KEPT["mats"] == {} and not amx._KEPT["on"]
     K.mm_block_arith(fmt, W, X, None, Y)  # outside: unpacked again
     assert kept[-1] is False and len(calls) > 1
+
+
+def test_row_tiles_where_the_lanes_pad_or_rows_are_kept(no_amx, monkeypatch):
+    """Unpacked per call, rows whose lane layout pads an eighth or more (640 values: 20 blocks in
+    32 lanes) take the row tiles; whole units of 16 blocks (4096) and Falcon's 4544 (142 of 144
+    lanes) the lane tiles; kept rows the row tiles whatever their length."""
+    assert row_tiles.pads_lanes(640) and row_tiles.pads_lanes(32)
+    assert not row_tiles.pads_lanes(4096) and not row_tiles.pads_lanes(4544)
+    if not kq_tiles.tiled("q8_0"):
+        pytest.skip("q8_0 keeps the float32 GEMM on this CPU (no VNNI)")
+    K.set_arithmetic("int8")
+    seen = []
+    monkeypatch.setattr(dispatch, "mm_rows", lambda *a: seen.append("rows") or row_tiles.mm_rows(*a))
+    monkeypatch.setattr(dispatch, "mm_tiles", lambda *a: seen.append("lanes") or kq_tiles.mm_tiles(*a))
+    W = random_blocks("q8_0", 20, 128, RNG)
+    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 4096)).astype(np.float32)
+    Y = np.empty((X.shape[0], 20), np.float32)
+    K.mm_block_arith("q8_0", W, X, None, Y)
+    with amx.kept_unpacked(matrices=[("q8_0", 20, 4096)]):
+        K.mm_block_arith("q8_0", W, X, None, Y)
+    assert seen == ["lanes", "rows"]
