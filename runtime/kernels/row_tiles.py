@@ -48,7 +48,7 @@ from runtime.kernels.kq_tiles import TILE_KIND, reused_buffer, units, unpack_b32
 from runtime.kernels.quantize import LO_STEPS, residual_plane
 
 ROW_TYPES = ("q8_0", "q4_0", "q5_0")  # kq_tiles' SIGNED 32-value blocks
-ROWS = 16  # rows per group: the lanes of a vector of int32 sums
+GROUP_ROWS = 16  # rows per group: the lanes of a vector of int32 sums
 TOKENS = 8  # tokens per tile: 8 float accumulators, 8 weight vectors, scales and starts in registers
 WORDS = 8  # 4-byte words per 32-value block
 
@@ -79,9 +79,9 @@ def _row_tile_codegen(planes):
                                                           const(V16I32, [0] * 16)), V64I8)
 
         def body(b, accs):
-            wo = builder.mul(b, const(ity, WORDS * ROWS))
-            so = builder.mul(b, const(ity, ROWS))
-            wv = [builder.bitcast(vload(builder, qt32, builder.add(wo, const(ity, ROWS * j)), V16I32, 4), V64I8)
+            wo = builder.mul(b, const(ity, WORDS * GROUP_ROWS))
+            so = builder.mul(b, const(ity, GROUP_ROWS))
+            wv = [builder.bitcast(vload(builder, qt32, builder.add(wo, const(ity, GROUP_ROWS * j)), V16I32, 4), V64I8)
                   for j in range(WORDS)]
             s = vload(builder, st, so, V16F, 4)
             z = vload(builder, zt32, so, V16I32, 4)
@@ -137,17 +137,17 @@ def row_tiles(Q, S, Z, grouped, XQ, XD, XQ2, two, nb, n, T, Y, y0):
     Tp = XQ.shape[0]
     kw = XQ.shape[1]
     nbx = XD.shape[1]
-    for g in prange((n + ROWS - 1) // ROWS):
-        r0 = ROWS * g
-        m = min(ROWS, n - r0)
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        r0 = GROUP_ROWS * g
+        m = min(GROUP_ROWS, n - r0)
         if grouped:
             qt, st, zt = Q[g], S[g], Z[g]
         else:
-            qt = np.zeros(nb * WORDS * ROWS, np.uint32)
-            st = np.zeros(nb * ROWS, np.float32)
-            zt = np.zeros(nb * ROWS, np.int32)
+            qt = np.zeros(nb * WORDS * GROUP_ROWS, np.uint32)
+            st = np.zeros(nb * GROUP_ROWS, np.float32)
+            zt = np.zeros(nb * GROUP_ROWS, np.int32)
             _group(Q, S, Z, r0, m, nb, qt, st, zt)
-        O = np.empty(TOKENS * ROWS, np.float32)
+        O = np.empty(TOKENS * GROUP_ROWS, np.float32)
         for t in range(0, Tp, TOKENS):
             if two:
                 _tile2(qt, st, zt, XQ, XD, XQ2, O, nb, kw, nbx, t)
@@ -155,34 +155,34 @@ def row_tiles(Q, S, Z, grouped, XQ, XD, XQ2, two, nb, n, T, Y, y0):
                 _tile1(qt, st, zt, XQ, XD, XQ2, O, nb, kw, nbx, t)
             for j in range(min(TOKENS, T - t)):
                 for i in range(m):
-                    Y[t + j, y0 + r0 + i] = O[j * ROWS + i]
+                    Y[t + j, y0 + r0 + i] = O[j * GROUP_ROWS + i]
 
 
 @njit(cache=True, inline="always")
 def _group(Q, S, Z, r0, m, nb, qt, st, zt):  # rows r0 .. r0 + m of the values' order into lanes
     for i in range(m):
         for w in range(nb * WORDS):
-            qt[w * ROWS + i] = Q[r0 + i, w]
+            qt[w * GROUP_ROWS + i] = Q[r0 + i, w]
         for b in range(nb):
-            st[b * ROWS + i] = S[r0 + i, b]
-            zt[b * ROWS + i] = Z[r0 + i, b]
+            st[b * GROUP_ROWS + i] = S[r0 + i, b]
+            zt[b * GROUP_ROWS + i] = Z[r0 + i, b]
 
 
 @njit(parallel=True, cache=True)
 def to_rows(Q, S, Z, nb, n, QT, ST, ZT):
     """Rows of the values' order (``row_tiles``) into the tile's layout, a row of (QT, ST, ZT) per
     group of 16 rows (zeros past n): what ``kept_rows`` keeps for the row tiles."""
-    for g in prange((n + ROWS - 1) // ROWS):
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
         QT[g] = 0
         ST[g] = 0
         ZT[g] = 0
-        _group(Q, S, Z, ROWS * g, min(ROWS, n - ROWS * g), nb, QT[g], ST[g], ZT[g])
+        _group(Q, S, Z, GROUP_ROWS * g, min(GROUP_ROWS, n - GROUP_ROWS * g), nb, QT[g], ST[g], ZT[g])
 
 
 def grouped_shapes(n: int, nb: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """The shapes of (QT) and (ST, ZT) of n rows of nb blocks in the tile's layout."""
-    ng = -(-n // ROWS)
-    return (ng, nb * WORDS * ROWS), (ng, nb * ROWS)
+    ng = -(-n // GROUP_ROWS)
+    return (ng, nb * WORDS * GROUP_ROWS), (ng, nb * GROUP_ROWS)
 
 
 def pads_lanes(k: int) -> bool:
@@ -225,7 +225,7 @@ def mm_rows(fmt: str, W: np.ndarray, xs, Y: np.ndarray, chunk_values: int, kept=
     if kept is not None:
         row_tiles(*kept[:3], True, XQ, XD, XQ2, two, nb, n, T, Y, 0)
         return
-    step = max(ROWS, min(n, chunk_values // (nb * QK)) // ROWS * ROWS)
+    step = max(GROUP_ROWS, min(n, chunk_values // (nb * QK)) // GROUP_ROWS * GROUP_ROWS)
     nu = units(fmt, nb * QK)
     Q = reused_buffer("rows_q", step * nb * WORDS, np.uint32).reshape(step, nb * WORDS)
     S = reused_buffer("rows_s", step * nu * 16, np.float32).reshape(step, nu * 16)
