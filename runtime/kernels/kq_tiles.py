@@ -1,8 +1,8 @@
 """Many tokens times a block-quantized matrix in int8: Q4_K, Q5_K, Q6_K times llama.cpp's Q8_K
 activations, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 times its Q8_0 activations. The integer sums are the
 one-token kernels' (runtime.kernels.kquants_int, blocks32_int), computed as a matrix-matrix
-product in register tiles of 4 rows × 4 tokens. (Q8_0, Q4_0 and Q5_0 run in runtime.kernels.row_tiles
-where the dispatch has a choice: 16 rows in the lanes, no padded blocks; their lane form stays.)
+product in register tiles of 4 rows × 4 tokens. (Q8_0, Q4_0 and Q5_0 take runtime.kernels.row_tiles,
+16 rows in the lanes, where their rows are kept or this layout would pad them: dispatch._rows.)
 
 The one-token kernels unpack every super-block's nibbles and six-bit scales again for each token
 (about 45 instructions per row, super-block and token); at 8B dimensions that ran 50 G

@@ -41,6 +41,7 @@ from runtime.kernels.ir_helpers import (
     idot_u8s8,
     int_dot_features,
     ir_loop,
+    splat,
     vload,
     vstore,
 )
@@ -73,11 +74,6 @@ def _row_tile_codegen(planes):
         init = ir.Constant(ST_, [const(V16F, [0.0] * 16)] * TOKENS)
         seven = const(V16I32, [7] * 16)
 
-        def splat32(v):  # the token's word in all 16 lanes, as the 64 bytes vpdpbusd takes
-            vec = builder.insert_element(ir.Constant(V16I32, ir.Undefined), v, const(ir.IntType(32), 0))
-            return builder.bitcast(builder.shuffle_vector(vec, ir.Constant(V16I32, ir.Undefined),
-                                                          const(V16I32, [0] * 16)), V64I8)
-
         def body(b, accs):
             wo = builder.mul(b, const(ity, WORDS * GROUP_ROWS))
             so = builder.mul(b, const(ity, GROUP_ROWS))
@@ -92,14 +88,13 @@ def _row_tile_codegen(planes):
                     if p:
                         isum = builder.add(builder.shl(isum, seven), z)
                     for j in range(WORDS):
-                        xv = splat32(builder.load(builder.gep(xrows[p][t], [builder.add(xo, const(ity, j))]), align=4))
+                        word = builder.load(builder.gep(xrows[p][t], [builder.add(xo, const(ity, j))]), align=4)
+                        xv = builder.bitcast(splat(builder, word, 16), V64I8)  # the token's word in every lane
                         if vnni:
                             isum = idot_u8s8(builder, xv, wv[j], how, acc=isum)
                         else:
                             isum = builder.add(isum, idot_u8s8(builder, xv, wv[j], how))
-                dx = builder.load(builder.gep(xds[t], [b]), align=4)
-                dxs = builder.shuffle_vector(builder.insert_element(ir.Constant(V16F, ir.Undefined), dx, const(ir.IntType(32), 0)),
-                                             ir.Constant(V16F, ir.Undefined), const(V16I32, [0] * 16))
+                dxs = splat(builder, builder.load(builder.gep(xds[t], [b]), align=4), 16)
                 a = builder.extract_value(accs, t)
                 a = builder.fadd(a, builder.fmul(builder.sitofp(isum, V16F), builder.fmul(s, dxs, flags=FAST), flags=FAST),
                                  flags=FAST)
