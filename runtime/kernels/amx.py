@@ -71,6 +71,7 @@ from runtime.kernels.kq_tiles import (
     word_at_i8,
 )
 from runtime.kernels.quantize import LO_STEPS, residual_plane
+from runtime.kernels.kq_row_tiles import KQ_ROW_TYPES, group_kq_rows, kq_rows_bytes
 from runtime.kernels.row_tiles import ROW_TYPES, grouped_shapes, to_rows
 
 AMX_TYPES = TILE_TYPES
@@ -466,9 +467,9 @@ def kept_unpacked(budget: int | None = None, matrices=None):
 
 def kept_layout(fmt: str, k: int) -> str:
     """How ``fmt``'s many-token matmuls keep its rows: "values" (their order: the AMX tiles),
-    "rows" (16 rows in a vector's lanes: runtime.kernels.row_tiles) or "lanes" (the register
+    "rows" (16 rows in a vector's lanes: runtime.kernels.row_tiles, kq_row_tiles) or "lanes" (the register
     tiles' lane layout, runtime.kernels.kq_tiles)."""
-    return "values" if amx_runs(fmt, k) else "rows" if fmt in ROW_TYPES else "lanes"
+    return "values" if amx_runs(fmt, k) else "rows" if fmt in ROW_TYPES + KQ_ROW_TYPES else "lanes"
 
 
 def unpacked_bytes(fmt: str, n: int, k: int, layout: str = "values") -> int:
@@ -478,6 +479,8 @@ def unpacked_bytes(fmt: str, n: int, k: int, layout: str = "values") -> int:
     if layout == "lanes":
         mp = -(-n // RT) * RT + RT
         return mp * 4 * units(fmt, k) * 16 * (LANE_VALUES[fmt] // 4 + 2)
+    if layout == "rows" and fmt in KQ_ROW_TYPES:
+        return kq_rows_bytes(fmt, n, k)
     if layout == "rows":
         q, s = grouped_shapes(n, k // QK)
         return 4 * q[0] * (q[1] + 2 * s[1])
@@ -510,6 +513,10 @@ def kept_rows(fmt: str, W: np.ndarray, k: int, layout: str = "values"):
         ref = weakref.ref(_root(W))
     except TypeError:  # an owner without weak references: not kept
         return None
+    if layout == "rows" and fmt in KQ_ROW_TYPES:  # (QT, SC, MN, D, DM): kq_row_tiles.mm_kq_rows' kept
+        _KEPT["bytes"] += nbytes
+        _KEPT["mats"][key] = (ref, group_kq_rows(fmt, W))
+        return _KEPT["mats"][key][1]
     nu = units(fmt, k)
     lanes = layout == "lanes"
     if lanes:  # rows padded to whole tiles of RT, plus the RT the last tile may read past them

@@ -30,6 +30,7 @@ from runtime.kernels.kq_tiles import (
     tiled,
 )
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
+from runtime.kernels.kq_row_tiles import KQ_ROW_TYPES, arranged_kq, mm_kq_rows
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
 from runtime.kernels.row_tiles import ROW_TYPES, arranged_rows, mm_rows, pads_lanes
@@ -165,6 +166,12 @@ def _rows(fmt, W, X, Y, two: bool) -> bool:
     return True
 
 
+def _arranged_kq(X, fmt, two: bool = False):
+    """X's Q8_K blocks (and with ``two`` their second plane) as the K-quant row tiles of ``fmt``
+    take them (``kq_row_tiles.arranged_kq``)."""
+    return _shared(X, ("kq_rows", fmt == "q6_k", two), lambda: arranged_kq(fmt, *_quantized(X, "k")[:2], X if two else None))
+
+
 def _arranged_amx(X, fmt):
     """X's int8 blocks as the AMX tiles load them (runtime.kernels.amx)."""
     key = ("amx", "b32" if fmt in B32_TILES else LANE_VALUES[fmt])
@@ -190,6 +197,9 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
         amx.mm_amx(fmt, W, _arranged_amx(X, fmt), Y, gemm.CHUNK_VALUES)
         return
     if int8 and tiled(fmt) and fmt in ROW_TYPES and _rows(fmt, W, X, Y, two=False):
+        return
+    if int8 and tiled(fmt) and fmt in KQ_ROW_TYPES:  # faster than the lane tiles at every shape measured, and llama.cpp's sums
+        mm_kq_rows(fmt, W, _arranged_kq(X, fmt), Y, amx.kept_rows(fmt, W, X.shape[1], "rows"))
         return
     if int8 and tiled(fmt):
         mm_tiles(fmt, W, _arranged(X, fmt), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], "lanes"))
@@ -219,6 +229,9 @@ def mm_block_arith(fmt, W, X, rows, Y):
             amx.mm_amx(fmt, W, _arranged_amx2(X, fmt), Y, gemm.CHUNK_VALUES)
             return
         if _ARITHMETIC["name"] == "int16" and tiled(fmt) and fmt in ROW_TYPES and _rows(fmt, W, X, Y, two=True):
+            return
+        if _ARITHMETIC["name"] == "int16" and tiled(fmt) and fmt in KQ_ROW_TYPES:
+            mm_kq_rows(fmt, W, _arranged_kq(X, fmt, two=True), Y, amx.kept_rows(fmt, W, X.shape[1], "rows"))
             return
         if _ARITHMETIC["name"] == "int16" and tiled(fmt) and W.shape[0] * X.shape[1] >= INT16_TILES_MIN_VALUES:
             mm_tiles(fmt, W, _arranged_two(X, fmt), Y, gemm.CHUNK_VALUES, amx.kept_rows(fmt, W, X.shape[1], "lanes"))

@@ -127,6 +127,9 @@ def _f16(p, o):  # the little-endian fp16 at byte o of the uint8 row p
     return _half(np.uint16(p[o]) | (np.uint16(p[o + 1]) << 8))
 
 
+f16_le = _f16  # the same, for the other tiles (runtime.kernels.kq_row_tiles)
+
+
 @njit(cache=True, inline="always")
 def _minus(x, off):
     """The four unsigned bytes of x (each < 128) minus ``off`` (≤ 128) each, as signed bytes: the

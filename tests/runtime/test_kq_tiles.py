@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runtime import kernels as K
-from runtime.kernels import amx, dispatch, gemm, kq_tiles, row_tiles
+from runtime.kernels import amx, dispatch, gemm, kq_row_tiles, kq_tiles, row_tiles
 from runtime.kernels.quantize import quantize_activations_k
 from tests.runtime.quant_blocks import arithmetic_errors, random_blocks
 
@@ -140,6 +140,8 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch):
     monkeypatch.setattr(dispatch, "mm_tiles", lambda f, W, xs, Y, c, kept: planes.append(len(xs) - 2) or kq_tiles.mm_tiles(f, W, xs, Y, c, kept))
     # Q8_0, Q4_0, Q5_0: the row tiles (runtime.kernels.row_tiles), whose second plane is its own array
     monkeypatch.setattr(dispatch, "mm_rows", lambda f, W, xs, Y, c, kept: planes.append(1 + (xs[2] is not xs[0])) or row_tiles.mm_rows(f, W, xs, Y, c, kept))
+    # the K-quants: their row tiles (runtime.kernels.kq_row_tiles), likewise
+    monkeypatch.setattr(dispatch, "mm_kq_rows", lambda f, W, xs, Y, kept: planes.append(1 + (xs[2] is not xs[0])) or kq_row_tiles.mm_kq_rows(f, W, xs, Y, kept))
     b32 = fmt in kq_tiles.B32_TILES
     block = 32 if b32 else 256
     nb = 21 if b32 else 3
@@ -152,13 +154,13 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch):
     assert planes == [1, 2]  # each in the tiles
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q4_1"])  # (Q8_0, Q4_0, Q5_0: tests/runtime/test_row_tiles.py)
+@pytest.mark.parametrize("fmt", ["q4_1"])  # (Q8_0, Q4_0, Q5_0, the K-quants: test_row_tiles.py, test_kq_row_tiles.py)
 def test_kept_rows_in_the_lane_layout(fmt, monkeypatch, int8_gemm):
     """Inside ``kept_unpacked`` (perplexity's windows, R1's passes) the register tiles unpack a
     matrix once and reuse it: the same products as unpacking per matmul, in int8 and int16."""
-    nb = 2 if fmt == "q4_k" else 20  # 640 values: a padded unit
+    nb = 20  # 640 values: a padded unit
     W = random_blocks(fmt, 41, nb, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, 512 if fmt == "q4_k" else 640)).astype(np.float32)
+    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, 640)).astype(np.float32)
     fresh = np.empty((X.shape[0], 41), np.float32)
     K.mm_block_arith(fmt, W, X, None, fresh)
     monkeypatch.setattr(dispatch, "INT16_TILES_MIN_VALUES", 0)  # this small matrix too
