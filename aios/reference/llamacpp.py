@@ -131,15 +131,17 @@ def _run_child(request: dict, timeout: float) -> tuple[int | None, Any, str]:
         return proc.returncode, answer, tail[-1] if tail else ""
 
 
-def call(op: str, path: str | os.PathLike | None = None, *, timeout: float = TIMEOUT_S, **args: Any) -> Result:
+def call(op: str, path: str | os.PathLike | None = None, *, timeout: float = TIMEOUT_S, plain_only: bool = False,
+         **args: Any) -> Result:
     """Run ``op`` (see ``_OPS``) on ``path`` in a child: default buffers first, plain buffers if
-    that child died of a signal. Raises :class:`LlamaCppCrash` if the plain one dies too, and
-    :class:`LlamaCppError` if llama.cpp refused (the child's own one-line error)."""
+    that child died of a signal (``plain_only``: plain buffers only, where the default ones
+    would repack the weights and sum otherwise). Raises :class:`LlamaCppCrash` if the plain one
+    dies too, and :class:`LlamaCppError` if llama.cpp refused (the child's own one-line error)."""
     if not available():
         raise LlamaCppError("llama-cpp-python is not installed (pip install -e '.[test]' builds it)")
     name = Path(path).name if path is not None else op
     crash: int | None = None  # the default child's return code when it died of a signal
-    for plain in (False, True):
+    for plain in (True,) if plain_only else (False, True):
         rc, answer, last = _run_child({"op": op, "path": None if path is None else str(path), "plain": plain,
                                        "args": args}, timeout)
         if rc is not None and rc < 0:  # died of a signal: llama.cpp crashed (or was killed)
@@ -154,6 +156,8 @@ def call(op: str, path: str | os.PathLike | None = None, *, timeout: float = TIM
             raise LlamaCppError(f"llama.cpp worker {exit_text(rc)} on {name} ({op}): {last or 'nothing on stderr'}")
         if "error" in answer:
             raise LlamaCppError(f"llama.cpp refused {name} ({op}): {answer['error']}")
+        if plain_only:
+            return Result(answer["value"], PLAIN, None, answer["seconds"])
         if crash is None:
             return Result(answer["value"], DEFAULT, None, answer["seconds"])
         sig = exit_text(crash).removeprefix("killed by ")
@@ -167,11 +171,12 @@ def call(op: str, path: str | os.PathLike | None = None, *, timeout: float = TIM
 # --- what callers ask for ---------------------------------------------------------------------
 
 
-def logits(path, ids, *, window: int | None = None, **llama_kw) -> Result:
+def logits(path, ids, *, window: int | None = None, plain_only: bool = False, **llama_kw) -> Result:
     """llama.cpp's logits (len(ids), vocab) at every position of ``ids``; with ``window``, in
-    windows of that many tokens, each from a fresh context (as ``runtime.perplexity`` scores).
-    ``llama_kw`` go to ``llama_cpp.Llama`` (n_ctx, n_batch, n_threads, type_k, ...)."""
-    return call("logits", path, ids=[int(i) for i in ids], window=window, llama_kw=llama_kw)
+    windows of that many tokens, each from a fresh context (as ``runtime.perplexity`` scores);
+    ``plain_only``: on its plain buffers. ``llama_kw`` go to ``llama_cpp.Llama`` (n_ctx,
+    n_batch, n_threads, type_k, ...)."""
+    return call("logits", path, plain_only=plain_only, ids=[int(i) for i in ids], window=window, llama_kw=llama_kw)
 
 
 def greedy(path, ids, n: int, **llama_kw) -> Result:
@@ -227,10 +232,11 @@ def quantize_rows_timed(x, type_name: str, qtype: int, row_bytes: int, imatrix=N
                 type_name=type_name)
 
 
-def graph_tensors(path, ids, names, **llama_kw) -> Result:
+def graph_tensors(path, ids, names, *, plain_only: bool = False, **llama_kw) -> Result:
     """The float32 graph tensors ``names`` (last write of each) as llama.cpp evaluates ``ids`` in
-    one batch, by name ("attn_norm-0", "Qcur-0", ...)."""
-    return call("graph_tensors", path, ids=[int(i) for i in ids], names=sorted(names), llama_kw=llama_kw)
+    one batch, by name ("attn_norm-0", "Qcur-0", ...); ``plain_only``: on its plain buffers."""
+    return call("graph_tensors", path, plain_only=plain_only, ids=[int(i) for i in ids], names=sorted(names),
+                llama_kw=llama_kw)
 
 
 def load(path, *, plain: bool = False, **llama_kw):

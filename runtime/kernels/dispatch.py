@@ -208,9 +208,11 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
     gemm_rows(W, Xf, Y, lambda Wc, out: decode_block_rows(fmt, Wc, out))
 
 
-# K-quant matrices of at least this many values run "int16" in the two-plane register tiles where
-# the CPU has no AMX; smaller ones in the float32 GEMM, which is then faster (Q8_0, Q4_0 and
-# Q5_0 take the row tiles where ``_rows`` picks them, faster than the float32 GEMM there): the second plane
+# Matrices of at least this many values run "int16" in the two-plane lane tiles where the CPU has
+# no AMX (Q4_1, Q5_1, and Q8_0/Q4_0/Q5_0 where ``_rows`` leaves them there); smaller ones in the
+# float32 GEMM, which is then faster (the K-quants always take their row tiles, runtime.kernels.
+# kq_row_tiles, faster than both; Q8_0, Q4_0 and Q5_0 the row tiles where ``_rows`` picks them). Measured
+# before the row tiles, when the K-quants ran here: the second plane
 # doubles the tiles' integer work (even with their unpacked rows kept across perplexity's
 # windows the tiles lost on the real Gemma's d-640 matrices: 139 against 205 tok/s). 128 tokens,
 # 2 threads, AMD EPYC znver4 (AVX-512 VNNI), ms per matmul, int16 tiles / float GEMM: Q4_K
@@ -219,12 +221,23 @@ def mm_block_gemm(fmt, W, X, Y, int8: bool):
 INT16_TILES_MIN_VALUES = 1 << 22
 
 
+# From this many tokens the K-quants' int8 matmuls take their row tiles (where the batched forms
+# are on, ``set_batched_gemm``, and below GEMM_MIN_TOKENS too): llama.cpp's tiled K-quant path
+# starts at 8 tokens (ggml_tiled_min_batch), and its sums are the row tiles'.
+KQ_ROWS_MIN_TOKENS = 8
+
+
 def mm_block_arith(fmt, W, X, rows, Y):
     """``mm_block`` in the process's arithmetic: int8 for INT8_ALL under "int8", else float.
     What the runtime's weights call (runtime.weights.KERNELS). From GEMM_MIN_TOKENS tokens on, a
     whole-matrix product decodes the weights once (``gemm.use_gemm``) (``mm_block_gemm``) in the same arithmetic."""
     int8 = _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT
-    if rows is None and use_gemm(X.shape[0]):
+    T = X.shape[0]
+    if (int8 and rows is None and fmt in KQ_ROW_TYPES and tiled(fmt) and KQ_ROWS_MIN_TOKENS <= T
+            and use_gemm(max(T, gemm.GEMM_MIN_TOKENS)) and not (use_gemm(T) and amx.amx_runs(fmt, X.shape[1]))):
+        mm_kq_rows(fmt, W, _arranged_kq(X, fmt), Y, amx.kept_rows(fmt, W, X.shape[1], "rows"))
+        return
+    if rows is None and use_gemm(T):
         if _ARITHMETIC["name"] == "int16" and amx.amx_runs(fmt, X.shape[1]):
             amx.mm_amx(fmt, W, _arranged_amx2(X, fmt), Y, gemm.CHUNK_VALUES)
             return
@@ -272,9 +285,12 @@ def arithmetic_label(kinds=None) -> str:
             return "int16 (float here: no integer tiles for these types)"
         if amx.amx_available():
             return f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens: AMX tiles on two int8 activation planes)"
-        rows = ", and Q8_0/Q4_0/Q5_0 with short or kept rows" if tiled_types & set(ROW_TYPES) else ""
-        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens, matrices of {INT16_TILES_MIN_VALUES >> 20} M values and "
-                f"more{rows}: register tiles ({INT_DOT_NAMES[int_dot_features()]}) on two int8 activation planes)")
+        which = [n for n, ts in (("Q4_K/Q5_K/Q6_K", KQ_ROW_TYPES), ("Q8_0/Q4_0/Q5_0 with short or kept rows", ROW_TYPES))
+                 if tiled_types & set(ts)]
+        if tiled_types - set(KQ_ROW_TYPES) - set(ROW_TYPES) or tiled_types & set(ROW_TYPES):
+            which.append(f"other matrices of {INT16_TILES_MIN_VALUES >> 20} M values and more")
+        return (f"int16 (float; from {gemm.GEMM_MIN_TOKENS} tokens, {', '.join(which)}: register tiles "
+                f"({INT_DOT_NAMES[int_dot_features()]}) on two int8 activation planes)")
     if lower is not None and not lower & INT8_DEFAULT:  # no block type: F16 in fp16 (mm_f16_arith)
         return "fp16 activations (F16 weights, as ggml's vec_dot_f16)" if "f16" in lower else "float"
     f16 = "; F16 weights: fp16 activations" if lower is None or "f16" in lower else ""

@@ -114,3 +114,23 @@ def test_int8_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma, arithmetic):
     X, theirs = _ffn_up_layer0(real_gemma)
     m = Model(real_gemma, n_ctx=64)
     np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_up.weight"], X, 0), theirs)
+
+
+def test_int8_k_quant_batch_matmuls_equal_llama_cpps_bit_for_bit(real_gemma, arithmetic):
+    """From 8 tokens llama.cpp multiplies K-quant matrices in its tiled kernel (plain buffers; its
+    default ones repack Q4_K and sum otherwise); the K-quant row tiles (runtime.kernels.
+    kq_row_tiles) sum as it does, so the real file's layer-0 Q6_K down projection equals its
+    output, and its Q4_K attention output its RMS-normed post-attention tensor, bit for bit."""
+    from aios.reference import llamacpp
+    from runtime import ggml_ops
+
+    pytest.importorskip("llama_cpp")
+    arithmetic("int8")
+    names = {"kqv_out-0", "attn_post_norm-0", "ffn_geglu-0", "ffn_out-0"}
+    t = {k: v.reshape(len(PROMPT), -1) for k, v in llamacpp.graph_tensors(
+        real_gemma, PROMPT, names, plain_only=True, n_threads=2, type_k=0, type_v=0).value.items()}
+    m = Model(real_gemma, n_ctx=64)
+    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_down.weight"], t["ffn_geglu-0"], 0), t["ffn_out-0"])
+    wo = m._mm(m.layers[0]["attn_output.weight"], t["kqv_out-0"], 0)
+    w = np.asarray(m.layers[0]["post_attention_norm.weight"], np.float32)
+    np.testing.assert_array_equal(ggml_ops.rms_norm(wo, w, np.float32(m.hp.norm_eps)), t["attn_post_norm-0"])
