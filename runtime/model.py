@@ -587,7 +587,8 @@ class Model:
             x = x if rest is None else x + rest
             x = x if all_logits else x[-1:]
             out = self._norm(x, self.output_norm, self.output_norm_b)
-        logits = self._mm(self.output, out, None)
+        with kernels.output_head():  # int16: one activation plane here (runtime.kernels.dispatch)
+            logits = self._mm(self.output, out, None)
         if hp.final_softcap:  # Gemma 2: cap·tanh(logits / cap)
             logits = (hp.final_softcap * np.tanh(logits / hp.final_softcap)).astype(np.float32)
         return logits

@@ -118,6 +118,7 @@ from runtime.kernels.dispatch import (
     mm_block_arith,
     mm_block_int8,
     mm_f16_arith,
+    output_head,
     set_arithmetic,
     share_input,
 )
@@ -297,7 +298,7 @@ __all__ = [
     "dot4i_q8_0", "dot8_bf16", "dot8_f16", "dot8_f16_hx", "dot8_f32", "dot_f32_at",
     "float_row_prefetch", "int_dot_features", "ir_loop", "mm_b32_int8", "mm_bf16", "mm_block",
     "mm_block_arith", "mm_block_int8", "mm_f16", "mm_f16_arith", "mm_f16_half_x",
-    "mm_f16_half_x_one", "mm_f32", "mm_float_rows", "mm_kq_int8", "one_blas_thread", "physical_cores",
+    "mm_f16_half_x_one", "mm_f32", "mm_float_rows", "mm_kq_int8", "one_blas_thread", "output_head", "physical_cores",
     "quantize_activations", "quantize_activations_k", "quantize_q8", "quantize_q8_blocks",
     "quantize_q8_k", "read_rows_u32", "round_f16", "set_arithmetic", "set_threads", "share_input",
     "sparse_block_rows", "sparse_rows_bf16", "sparse_rows_f16", "sparse_rows_f32",

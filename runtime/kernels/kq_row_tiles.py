@@ -59,19 +59,23 @@ SB_WORDS = QK_K // 4  # 4-byte words per super-block
 
 
 def _kq_tile_codegen(kind, planes):
-    """The tile of 16 rows × ``tile_tokens(planes)`` tokens over every super-block: (QT, SC, MN,
-    D, DM, XQ, XS, XQ2, XS2, XD, O, nsb, kw, nxs, nbx, t0) -> O (tokens, 16) float32. QT (nsb·64,
-    16) the rows' words (unsigned quants; lane i: row i), SC and MN (nsb·NS, 16) int32 sub-block
-    scales and minimums, D and DM (nsb, 16) d and dmin; XQ (tokens, kw) the activations' words
-    (signed bytes), XS (tokens, nxs) int32 sums of each sub-block's quants, XD (tokens, nbx) each
-    super-block's d. Two planes (``arranged_kq`` with X): XQ2 the second plane's words, each
-    plane's sums scaled apart (s1 of the first plane, s1' of the second: int32 each, as one
-    plane's) and joined in float32 as 128·s1 + s1'; the affine types' XS then the 16-bit values'
-    sums (128·Σq + Σq_lo), Q6_K's XS2 the second plane's own; XD d/128."""
+    """The tile of 16 rows × KQ_TOKENS tokens over every super-block: (QT, SC, MN, D, DM, XQ, XS,
+    XQ2, XS2, XD, O, nsb, kw, nxs, nbx, t0) -> O (tokens, 16) float32. QT (nsb·64, 16) the rows'
+    words (unsigned quants; lane i: row i), SC and MN (nsb·NS, 16) int32 sub-block scales and
+    minimums, D and DM (nsb, 16) d and dmin; XQ (tokens, kw) the activations' words (signed
+    bytes), XS (tokens, nxs) int32 per sub-block: the sum of its quants (affine types; the
+    minimum's term) or −32 times it (Q6_K: where its integer sums start, which takes the 32 its
+    quants are stored plus off), XD (tokens, nbx) each super-block's d.
+
+    Two planes (``arranged_kq`` with X): per sub-block and token the first plane's sums (from
+    XS) shifted left by 7, the second's (XQ2, from XS2) added: the 16-bit values' exact sums
+    (< 2²⁴), converted to float32 and multiplied by the sub-block's scale into a float32 sum by
+    one fma (its int32 sum could overflow); the affine types' XS then the 16-bit values' sums
+    (128·Σq + Σq_lo), XD d/128. One plane keeps llama.cpp's int32 sums."""
     ns = SUBBLOCKS[kind]
     wps = SB_WORDS // ns  # words per sub-block
     affine = kind != 2
-    ntok = tile_tokens(planes)
+    ntok = KQ_TOKENS
 
     def codegen(context, builder, sig, args):
         how = int_dot_features()
@@ -86,35 +90,41 @@ def _kq_tile_codegen(kind, planes):
         qt32 = builder.bitcast(qt, ir.IntType(32).as_pointer())
         fma = declare(builder, "llvm.fma.v16f32", V16F, [V16F] * 3)
         zero = const(V16I32, [0] * 16)
+        seven = const(V16I32, [7] * 16)
         ST_ = ir.LiteralStructType([V16F] * ntok)
         init = ir.Constant(ST_, [const(V16F, [0.0] * 16)] * ntok)
 
-        def xsum(p, t, b, s):  # plane p's sum of sub-block s of super-block b, token t
+        def xsum(p, t, b, s):  # plane p's XS entry of sub-block s of super-block b, token t
             return builder.load(builder.gep(xsums[p][t], [builder.add(builder.mul(b, const(ity, ns)), const(ity, s))]), align=4)
 
+        def dot(raw, p, t, xo, wv):  # raw + the 16 rows' sums of this sub-block's words, plane p
+            for j in range(wps):
+                word = builder.load(builder.gep(xrows[p][t], [builder.add(xo, const(ity, j))]), align=4)
+                xv = builder.bitcast(splat(builder, word, 16), V64I8)
+                raw = idot_u8s8(builder, wv[j], xv, how, acc=raw) if vnni else builder.add(raw, idot_u8s8(builder, wv[j], xv, how))
+            return raw
+
         def body(b, accs):
-            s1 = [[zero] * ntok for _ in range(planes)]
+            s1 = [zero if planes == 1 else const(V16F, [0.0] * 16)] * ntok
             for s in range(ns):
                 wo = builder.mul(b, const(ity, SB_WORDS * LANES16))
                 wv = [builder.bitcast(vload(builder, qt32, builder.add(wo, const(ity, LANES16 * (s * wps + j))), V16I32, 4),
                                       V64I8) for j in range(wps)]
                 sco = builder.add(builder.mul(b, const(ity, ns * LANES16)), const(ity, s * LANES16))
                 scv = vload(builder, sc, sco, V16I32, 4)
+                scf = builder.sitofp(scv, V16F) if planes == 2 else None
                 xo = builder.add(builder.mul(b, const(ity, SB_WORDS)), const(ity, s * wps))
                 for t in range(ntok):
-                    for p in range(planes):
-                        raw = zero
-                        for j in range(wps):
-                            word = builder.load(builder.gep(xrows[p][t], [builder.add(xo, const(ity, j))]), align=4)
-                            xv = builder.bitcast(splat(builder, word, 16), V64I8)
-                            if vnni:
-                                raw = idot_u8s8(builder, wv[j], xv, how, acc=raw)
-                            else:
-                                raw = builder.add(raw, idot_u8s8(builder, wv[j], xv, how))
-                        if not affine:  # Q6_K: its quants stored plus 32
-                            bs = xsum(p, t, b, s)
-                            raw = builder.sub(raw, splat(builder, builder.shl(bs, const(bs.type, 5)), 16))
-                        s1[p][t] = builder.add(s1[p][t], builder.mul(raw, scv))
+                    raw = zero if affine else splat(builder, xsum(0, t, b, s), 16)  # Q6_K: −32·Σq_x
+                    raw = dot(raw, 0, t, xo, wv)
+                    if planes == 1:
+                        s1[t] = builder.add(s1[t], builder.mul(raw, scv))
+                        continue
+                    raw = builder.shl(raw, seven)
+                    if not affine:
+                        raw = builder.add(raw, splat(builder, xsum(1, t, b, s), 16))
+                    raw = dot(raw, 1, t, xo, wv)
+                    s1[t] = builder.call(fma, [builder.sitofp(raw, V16F), scf, s1[t]])
             s2 = [zero] * ntok
             if affine:  # Σ m_s·bsum_s: apart from the dot products, as llama.cpp (fewer live vectors)
                 for s in range(ns):
@@ -124,11 +134,8 @@ def _kq_tile_codegen(kind, planes):
                         s2[t] = builder.add(s2[t], builder.mul(mv, splat(builder, xsum(0, t, b, s), 16)))
             dv = vload(builder, d, builder.mul(b, const(ity, LANES16)), V16F, 4)
             dmv = builder.fneg(vload(builder, dm, builder.mul(b, const(ity, LANES16)), V16F, 4)) if affine else None
-            steps = const(V16F, [float(LO_STEPS)] * 16)
             for t in range(ntok):
-                f1 = builder.sitofp(s1[0][t], V16F)
-                if planes == 2:  # 128·s1 + s1': the 16-bit values' sums (to float32 rounding)
-                    f1 = builder.call(fma, [f1, steps, builder.sitofp(s1[1][t], V16F)])
+                f1 = builder.sitofp(s1[t], V16F) if planes == 1 else s1[t]
                 r = builder.fmul(f1, dv)  # no fast-math flags: each step rounds
                 if affine:
                     r = builder.call(fma, [dmv, builder.sitofp(s2[t], V16F), r])
@@ -142,12 +149,6 @@ def _kq_tile_codegen(kind, planes):
         return context.get_dummy_value()
 
     return codegen
-
-
-def tile_tokens(planes: int) -> int:
-    """Tokens per tile: KQ_TOKENS with one activation plane, half as many with two (twice the
-    int32 sums in registers)."""
-    return KQ_TOKENS // planes
 
 
 def _kq_tile(kind, planes):
@@ -254,7 +255,7 @@ def kq_rows_tiles(W, kind, grouped, QT, SC, MN, D, DM, XQ, XS, XQ2, XS2, two, XD
     tile's layout first (``group_kq``) or, with ``grouped``, taken from (QT, SC, MN, D, DM)
     (``group_kq_all``)."""
     ns = SUBBLOCKS[kind]
-    step = KQ_TOKENS // 2 if two else KQ_TOKENS
+    step = KQ_TOKENS
     Tp, kw = XQ.shape
     nxs = XS.shape[1]
     nbx = XD.shape[1]
@@ -301,13 +302,13 @@ def group_kq_rows(fmt: str, W: np.ndarray):
     return out
 
 
-def _plane(fmt: str, q: np.ndarray, Tp: int):  # (words, sub-block sums) of one plane q (T, k) int8
+def _plane(fmt: str, q: np.ndarray, Tp: int):  # (words, XS) of one plane q (T, k) int8
     T, k = q.shape
     Q = np.zeros((Tp, k), np.int8)
     Q[:T] = q
     per = QK_K // SUBBLOCKS[KQ_ROW_KIND[fmt]]  # values per sub-block: 32 (Q4_K, Q5_K) or 16 (Q6_K)
     S = np.zeros((Tp, k // per), np.int32)
-    S[:T] = q.reshape(T, -1, per).sum(axis=2, dtype=np.int32)
+    S[:T] = q.reshape(T, -1, per).sum(axis=2, dtype=np.int32) * np.int32(-32 if fmt == "q6_k" else 1)
     return Q.view(np.uint32), S
 
 

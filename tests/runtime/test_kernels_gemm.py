@@ -57,11 +57,14 @@ def test_gemm_equals_the_one_token_kernels(kind, arith, arithmetic_restored):
     assert (err <= tol * _scale(kind, W, X, arith) + 1e-30).all(), float((err / _scale(kind, W, X, arith)).max())
 
 
-def test_below_the_threshold_nothing_changes(arithmetic_restored):
-    W = random_blocks("q4_k", 9, 2, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS - 1, 512)).astype(np.float32)
-    per_token, batched = _both("q4_k", W, X, "int8")
-    assert per_token.tobytes() == batched.tobytes()  # T < GEMM_MIN_TOKENS: the same kernels
+@pytest.mark.parametrize("kind, tokens", [("q5_0", gemm.GEMM_MIN_TOKENS - 1), ("q4_k", dispatch.KQ_ROWS_MIN_TOKENS - 1)])
+def test_below_the_threshold_nothing_changes(kind, tokens, arithmetic_restored):
+    """Below GEMM_MIN_TOKENS (the K-quants' int8: below KQ_ROWS_MIN_TOKENS, where their row
+    tiles start as llama.cpp's tiled path does) the batched forms run the one-token kernels."""
+    W = random_blocks(kind, 9, 2 if kind == "q4_k" else 16, RNG)
+    X = RNG.standard_normal((tokens, 512)).astype(np.float32)
+    per_token, batched = _both(kind, W, X, "int8")
+    assert per_token.tobytes() == batched.tobytes()
 
 
 def test_chunks_of_rows_equal_one_chunk(monkeypatch, arithmetic_restored):

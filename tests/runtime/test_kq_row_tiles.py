@@ -150,3 +150,26 @@ def test_the_runtime_takes_them_kept_or_not_in_int8_and_int16(fmt, no_amx, monke
         assert builds == [1] and amx._KEPT["bytes"] == amx.unpacked_bytes(fmt, 41, 512, "rows")
     assert seen == [(False, False), (True, False), (False, True), (False, True), (True, True)]
     assert amx._KEPT["mats"] == {} and not amx._KEPT["on"]
+
+
+@pytest.mark.parametrize("fmt", ["q6_k", "q8_0"])
+def test_the_output_head_takes_one_plane_under_int16(fmt, no_amx):
+    """``kernels.output_head()``: under int16 the head's many-token matmul is int8's (one plane);
+    outside it, two planes; under int8 and float, nothing changes."""
+    nb = 2 if fmt == "q6_k" else 16
+    W = random_blocks(fmt, 24, nb, RNG)
+    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 1, 256 * nb if fmt == "q6_k" else 32 * nb)).astype(f32)
+    ys = {}
+    for arith in ("int8", "int16", "float"):
+        K.set_arithmetic(arith)
+        for head in (False, True):
+            Y = np.full((X.shape[0], 24), np.nan, f32)
+            with K.output_head() if head else np.errstate():
+                K.mm_block_arith(fmt, W, X, None, Y)
+            ys[arith, head] = Y
+    if not kq_tiles.tiled(fmt):
+        pytest.skip(f"{fmt} keeps the float32 GEMM on this CPU")
+    np.testing.assert_array_equal(ys["int16", True], ys["int8", False])
+    assert not np.array_equal(ys["int16", False], ys["int8", False])
+    for arith in ("int8", "float"):
+        np.testing.assert_array_equal(ys[arith, True], ys[arith, False])
