@@ -34,9 +34,10 @@ def test_per_token_equals_chunked_in_exact_modes(exported):
 
 
 def test_perplexity_is_the_float_paths_in_its_default_arithmetic(exported):
-    """The default ("int16": two int8 activation planes on the AMX tiles, the float path
-    elsewhere) gives the float path's perplexity; llama.cpp's int8 rounding is further off. The
-    process's arithmetic is left as it was."""
+    """The default ("int16": two int8 activation planes in the integer tiles, the output head's
+    input in one; the float path elsewhere) gives the float path's perplexity within 0.1 % (the
+    quality gate's tolerance is 0.5 %; here +0.02 %, +0.001 % before the head took one plane);
+    llama.cpp's int8 rounding is further off. The process's arithmetic is left as it was."""
     from runtime import kernels
 
     path, _ = exported("tiny-llama", "q8_0")
@@ -47,7 +48,7 @@ def test_perplexity_is_the_float_paths_in_its_default_arithmetic(exported):
     default = perplexity(m, ids, window=100)
     assert kernels.arithmetic() == before and default["arithmetic"] == "int16"
     f, i8, i16 = got["float"]["perplexity"], got["int8"]["perplexity"], default["perplexity"]
-    assert abs(i16 / f - 1) < 2e-4 and abs(i16 / f - 1) < abs(i8 / f - 1), (f, i8, i16)
+    assert abs(i16 / f - 1) < 1e-3 and abs(i16 / f - 1) < abs(i8 / f - 1), (f, i8, i16)
 
 
 @pytest.mark.parametrize("vocab", [33, 4096 + 7, 262_144])
