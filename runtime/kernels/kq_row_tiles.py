@@ -302,13 +302,24 @@ def group_kq_rows(fmt: str, W: np.ndarray):
     return out
 
 
-def _plane(fmt: str, q: np.ndarray, Tp: int):  # (words, XS) of one plane q (T, k) int8
+@njit(parallel=True, cache=True)
+def _fill_plane(q, per, factor, Q, S):  # Q[:T] = q, S[t, s] = factor · Σ q over sub-block s; the rest 0
     T, k = q.shape
-    Q = np.zeros((Tp, k), np.int8)
-    Q[:T] = q
+    for t in prange(Q.shape[0]):
+        for s in range(k // per):
+            tot = 0
+            for i in range(s * per, (s + 1) * per):
+                v = q[t, i] if t < T else np.int8(0)
+                Q[t, i] = v
+                tot += np.int32(v)
+            S[t, s] = factor * tot
+
+
+def _plane(fmt: str, q: np.ndarray, Tp: int):  # (words, XS) of one plane q (T, k) int8
+    k = q.shape[1]
     per = QK_K // SUBBLOCKS[KQ_ROW_KIND[fmt]]  # values per sub-block: 32 (Q4_K, Q5_K) or 16 (Q6_K)
-    S = np.zeros((Tp, k // per), np.int32)
-    S[:T] = q.reshape(T, -1, per).sum(axis=2, dtype=np.int32) * np.int32(-32 if fmt == "q6_k" else 1)
+    Q, S = np.empty((Tp, k), np.int8), np.empty((Tp, k // per), np.int32)
+    _fill_plane(q, per, -32 if fmt == "q6_k" else 1, Q, S)
     return Q.view(np.uint32), S
 
 
