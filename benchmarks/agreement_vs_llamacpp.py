@@ -12,7 +12,10 @@ difference of each window lies. Name the CPU beside any figure: the kernels' flo
 follows its features.
 
     python benchmarks/agreement_vs_llamacpp.py [--model real|FILE.gguf] [--windows 16] [--window 128]
-        [--arithmetic int8] [--default-buffers] [--json OUT]
+        [--arithmetic int8] [--default-buffers] [--kv f32|f16] [--json OUT]
+
+llama.cpp's KV cache is float32 by default here (``--kv``), as aios-run keeps it; llama.cpp's own
+default, f16, rounds every key and value to fp16 first.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--arithmetic", choices=("int8", "float", "int16"), default="int8")
     ap.add_argument("--default-buffers", action="store_true", help="llama.cpp on its default (repacking) buffers")
+    ap.add_argument("--kv", choices=("f32", "f16"), default="f32",
+                    help="llama.cpp's KV cache type: f32 (what aios-run keeps and rounds as) or f16 (its default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -54,8 +59,9 @@ def main() -> None:
     tok = load_tokenizer(path)
     n = args.windows * args.window
     ids = heldout_ids(tok, n)[:n]
+    kv = 0 if args.kv == "f32" else 1  # ggml type ids: GGML_TYPE_F32, GGML_TYPE_F16
     res = llamacpp.logits(path, ids, window=args.window, plain_only=not args.default_buffers, n_ctx=args.window,
-                          n_batch=args.window, n_threads=args.threads)
+                          n_batch=args.window, n_threads=args.threads, type_k=kv, type_v=kv)
     theirs = res.value
     m = Model(path, n_ctx=args.window)
     ours = []
@@ -72,7 +78,7 @@ def main() -> None:
         d = np.flatnonzero(~same_rows[w0:w0 + args.window])
         first.append(int(d[0]) if len(d) else args.window)
     out = {"file": path.name, "positions": len(ids), "window": args.window, "arithmetic": kernels.arithmetic_label(),
-           "llama_cpp_config": res.config, "top1": round(float((pick == best).mean()), 4),
+           "llama_cpp_config": res.config, "kv_cache": args.kv, "top1": round(float((pick == best).mean()), 4),
            "top1_ties_counted": round(float(((pick == best) | tie).mean()), 4),
            "bit_identical_positions": round(float(same_rows.mean()), 4), "first_difference_per_window": first}
     print(json.dumps(out), flush=True)

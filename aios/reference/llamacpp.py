@@ -179,9 +179,10 @@ def logits(path, ids, *, window: int | None = None, plain_only: bool = False, **
     return call("logits", path, plain_only=plain_only, ids=[int(i) for i in ids], window=window, llama_kw=llama_kw)
 
 
-def greedy(path, ids, n: int, **llama_kw) -> Result:
-    """The ``n`` tokens llama.cpp picks greedily after ``ids`` (a list of ints)."""
-    return call("greedy", path, ids=[int(i) for i in ids], n=n, llama_kw=llama_kw)
+def greedy(path, ids, n: int, *, plain_only: bool = False, **llama_kw) -> Result:
+    """The ``n`` tokens llama.cpp picks greedily after ``ids`` (a list of ints); ``plain_only``:
+    on its plain buffers."""
+    return call("greedy", path, plain_only=plain_only, ids=[int(i) for i in ids], n=n, llama_kw=llama_kw)
 
 
 def tokenize(path, texts: list[str], *, add_bos: bool, special: bool) -> Result:

@@ -182,20 +182,22 @@ def group_kq(W, kind, r0, m, nsb, qt, sc, mn, d, dm):
     bpb = W.shape[1] // nsb
     lo4 = np.uint32(0x0F0F0F0F)
     two = np.uint32(0x03030303)
-    qt[:] = 0
-    sc[:] = 0
-    mn[:] = 0
-    d[:] = 0
-    dm[:] = 0
-    for i in range(m):
-        p = W[r0 + i]
-        for b in range(nsb):
-            o = b * bpb
+    if m < LANES16:  # lanes past m stay zero (a full group writes every lane: no pass over the buffer)
+        qt[:] = 0
+        sc[:] = 0
+        mn[:] = 0
+        d[:] = 0
+        dm[:] = 0
+    for b in range(nsb):  # super-block by super-block: its 16 rows' 4 KB of words stay in L1
+        o = b * bpb
+        for i in range(m):
+            p = W[r0 + i]
             wq = (b * SB_WORDS) * LANES16 + i
             if kind < 2:
                 d[b * LANES16 + i], dm[b * LANES16 + i] = f16_le(p, o), f16_le(p, o + 2)
+                scales = p[o + Q4K_SCALES: o + Q4K_SCALES + 12]
                 for j in range(8):
-                    s, mm = _scale_min_k4(p[o + Q4K_SCALES: o + Q4K_SCALES + 12], j)
+                    s, mm = _scale_min_k4(scales, j)
                     sc[(b * ns + j) * LANES16 + i] = s
                     mn[(b * ns + j) * LANES16 + i] = mm
                 qs = o + (Q5K_QS if kind == 1 else Q4K_QS)
