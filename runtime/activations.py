@@ -13,6 +13,9 @@ GGML_SILU = "silu (ggml_v_expf)"  # and SiLU (runtime.ggml_ops.silu_mul)
 GELU_FAMILY = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
+PARALLEL_VALUES = 1 << 16  # from this many values the float SiLU runs on all threads
+
+
 def activation(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
     """The FFN activation ``name`` of ``x`` (``threshold``: FATReLU's, a part of the model)."""
     if name == "relu":
@@ -22,8 +25,9 @@ def activation(name: str, x: np.ndarray, threshold: float | None) -> np.ndarray:
         return r * r
     if name == "fatrelu":
         return np.where(x > (threshold or 0.0), x, 0).astype(np.float32)
-    if name == "silu":
-        return ops.silu(np.ascontiguousarray(x, np.float32).reshape(-1)).reshape(x.shape)
+    if name == "silu":  # a prompt's (T × d_ffn) on all threads: the same bits (runtime.ops.silu_chunks)
+        f = ops.silu_chunks if x.size >= PARALLEL_VALUES else ops.silu
+        return f(np.ascontiguousarray(x, np.float32).reshape(-1)).reshape(x.shape)
     if name == "gelu":  # exact (erf) GELU, as HF "gelu"
         return ops.gelu_erf(np.ascontiguousarray(x, np.float32).reshape(-1)).reshape(x.shape)
     if name == GGML_GELU:  # the int8 arithmetic's GELU: llama.cpp's (ops.gelu_ggml)

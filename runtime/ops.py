@@ -222,6 +222,9 @@ def gelu_lookup(x, table):
     return out
 
 
+GELU_CHUNK = 4096  # values per parallel chunk of ``gelu_tanh`` and ``silu_chunks``
+
+
 # --- the float path's FFN activations, compiled: one call instead of 3-4 numpy temporaries (cold
 # after each weight matrix streams through the caches), and callable from decode_block's blocks,
 # which must compute them to the bit as the step by step path does
@@ -231,6 +234,17 @@ def silu(x):  # x (n,) float32: x / (1 + exp(-x)), in float32
     one = np.float32(1.0)
     for i in range(x.shape[0]):
         out[i] = x[i] / (one + math.exp(-x[i]))
+    return out
+
+
+@njit(parallel=True, cache=True)
+def silu_chunks(x):  # ``silu`` to the bit, chunks of GELU_CHUNK values on all threads (large inputs)
+    n = x.shape[0]
+    out = np.empty_like(x)
+    one = np.float32(1.0)
+    for c in prange((n + GELU_CHUNK - 1) // GELU_CHUNK):
+        for i in range(c * GELU_CHUNK, min(n, (c + 1) * GELU_CHUNK)):
+            out[i] = x[i] / (one + math.exp(-x[i]))
     return out
 
 
@@ -248,8 +262,6 @@ def gelu_erf(x):  # x (n,) float32: exact (erf) GELU, HF "gelu", in float32
 
 _C_TANH = np.float32(math.sqrt(2 / math.pi))
 
-
-GELU_CHUNK = 4096  # values per parallel chunk of ``gelu_tanh``
 
 
 @njit(parallel=True, cache=True)

@@ -159,3 +159,14 @@ def test_gelu_table_is_stored_once_and_read_back(tmp_path, monkeypatch):
     stored.unlink()
     np.testing.assert_array_equal(ops._stored_gelu_table(), built)
     assert not stored.exists()
+
+
+def test_silu_on_all_threads_is_silu_to_the_bit():
+    """A prompt's SiLU runs in parallel chunks (``ops.silu_chunks``, from activations.PARALLEL_VALUES
+    values on); decode_block's blocks call ``ops.silu``: the same bits, ragged last chunk included."""
+    from runtime import activations
+
+    x = (np.random.default_rng(5).standard_normal(3 * ops.GELU_CHUNK + 17) * 6).astype(np.float32)
+    np.testing.assert_array_equal(ops.silu_chunks(x), ops.silu(x))
+    big = np.resize(x, (activations.PARALLEL_VALUES // 64 + 1, 64))
+    np.testing.assert_array_equal(activations.activation("silu", big, None), ops.silu(big.reshape(-1)).reshape(big.shape))
