@@ -35,6 +35,7 @@ from aios.quant import QK_K
 from runtime.kernels.ir_helpers import (
     V16F,
     V16I32,
+    V32I8,
     V64I8,
     array_data,
     const,
@@ -165,6 +166,83 @@ _tile_q4, _tile_q5, _tile_q6 = (_kq_tile(i, 1) for i in range(3))
 _tile2_q4, _tile2_q5, _tile2_q6 = (_kq_tile(i, 2) for i in range(3))
 
 
+def _transpose16(b, rows):
+    """16 <16 x i32> rows -> their 16 columns: four rounds of two-source shuffles swapping the
+    off-diagonal blocks of 8, 4, 2, 1 (vpermt2d each)."""
+    rows = list(rows)
+    for s in (8, 4, 2, 1):
+        lo = [(j // (2 * s)) * 2 * s + (j % (2 * s) if j % (2 * s) < s else 16 + j % (2 * s) - s) for j in range(16)]
+        hi = [x + s for x in lo]
+        for i in range(16):
+            if (i // s) % 2 == 0:
+                a, c = rows[i], rows[i + s]
+                rows[i] = b.shuffle_vector(a, c, const(V16I32, lo))
+                rows[i + s] = b.shuffle_vector(a, c, const(V16I32, hi))
+    return rows
+
+
+def _concat32(b, x, y):  # two <32 x i8> -> <64 x i8>
+    return b.shuffle_vector(x, y, const(ir.VectorType(ir.IntType(32), 64), list(range(64))))
+
+
+def _full_group_codegen(kind):
+    """A full group's quants of one super-block in the tile's layout: (W, qt, r0, o, wq) -> the
+    16 rows r0.. of W, super-block at byte o of each row, as four vectors of 16 words per row
+    (unsigned quants in the values' order), transposed 16 × 16 into qt at word wq (word j of the
+    super-block: 16 lanes, one per row). What ``group_kq`` does word by word, in vector registers."""
+    def codegen(context, builder, sig, args):
+        w = array_data(context, builder, sig.args[0], args[0])
+        qt = array_data(context, builder, sig.args[1], args[1])
+        r0, o, wq = args[2], args[3], args[4]
+        ity = r0.type
+        stride = context.make_array(sig.args[0])(context, builder, args[0]).strides
+        rb = builder.extract_value(stride, 0)  # bytes per row
+        bases = [builder.gep(w, [builder.add(builder.mul(builder.add(r0, const(ity, i)), rb), o)]) for i in range(16)]
+        m15, m3 = const(V32I8, [15] * 32), const(V32I8, [3] * 32)
+
+        def load32(p, off):
+            return builder.load(builder.bitcast(builder.gep(p, [const(ity, off)]), V32I8.as_pointer()), align=1)
+
+        def shr(v, k):
+            return builder.lshr(v, const(V32I8, [k] * 32)) if k else v
+
+        for wb in range(4):
+            vecs = []
+            for p in bases:
+                if kind == 0:  # Q4_K: 32 bytes of qs, low nibbles then high: words 16wb..16wb + 15
+                    q = load32(p, Q4K_QS + 32 * wb)
+                    lo, hi = builder.and_(q, m15), shr(q, 4)
+                else:  # Q6_K: half ``wb % 2`` of the 128 values at 128·(wb // 2)
+                    nh, half = wb // 2, wb % 2
+                    h = load32(p, Q6K_QH + 32 * nh)
+                    parts = []
+                    for part in (2 * half, 2 * half + 1):
+                        lq = load32(p, 64 * nh + 32 * (part % 2))
+                        nib = shr(lq, 4) if part // 2 else builder.and_(lq, m15)
+                        parts.append(builder.or_(nib, builder.shl(builder.and_(shr(h, 2 * part), m3), const(V32I8, [4] * 32))))
+                    lo, hi = parts
+                vecs.append(builder.bitcast(_concat32(builder, lo, hi), V16I32))
+            for j, col in enumerate(_transpose16(builder, vecs)):
+                vstore(builder, col, builder.bitcast(qt, ir.IntType(32).as_pointer()),
+                       builder.add(wq, const(ity, (16 * wb + j) * LANES16)), 4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _full_group(kind):
+    gen = _full_group_codegen(kind)
+
+    def typer(typingctx, W, qt, r0, o, wq):
+        return types.void(W, qt, r0, o, wq), gen
+
+    typer.__name__ = f"kq_full_group_{KQ_ROW_TYPES[kind]}"
+    return intrinsic(typer)
+
+
+_full_q4, _full_q6 = _full_group(0), _full_group(2)
+
+
 @njit(cache=True, inline="always")
 def _scale_min_k4(sc, j):  # ggml's get_scale_min_k4: sub-block j's 6-bit scale and minimum
     if j < 4:
@@ -188,8 +266,14 @@ def group_kq(W, kind, r0, m, nsb, qt, sc, mn, d, dm):
         mn[:] = 0
         d[:] = 0
         dm[:] = 0
+    full = m == LANES16 and kind != 1  # Q4_K, Q6_K: the quants of a full group in vector registers
     for b in range(nsb):  # super-block by super-block: its 16 rows' 4 KB of words stay in L1
         o = b * bpb
+        if full:
+            if kind == 0:
+                _full_q4(W, qt, r0, o, b * SB_WORDS * LANES16)
+            else:
+                _full_q6(W, qt, r0, o, b * SB_WORDS * LANES16)
         for i in range(m):
             p = W[r0 + i]
             wq = (b * SB_WORDS) * LANES16 + i
@@ -201,7 +285,7 @@ def group_kq(W, kind, r0, m, nsb, qt, sc, mn, d, dm):
                     sc[(b * ns + j) * LANES16 + i] = s
                     mn[(b * ns + j) * LANES16 + i] = mm
                 qs = o + (Q5K_QS if kind == 1 else Q4K_QS)
-                for jj in range(4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high
+                for jj in range(0 if full else 4):  # 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high
                     for w in range(8):
                         x = word_at(p, qs + 32 * jj + 4 * w)
                         lo, hi = x & lo4, (x >> 4) & lo4
@@ -215,7 +299,7 @@ def group_kq(W, kind, r0, m, nsb, qt, sc, mn, d, dm):
                 d[b * LANES16 + i] = f16_le(p, o + Q6K_D)
                 for g in range(16):
                     sc[(b * ns + g) * LANES16 + i] = np.int32(np.int8(p[o + Q6K_SCALES + g]))
-                for nh in range(2):  # 128 values each: ql[64], qh[32]
+                for nh in range(0 if full else 2):  # 128 values each: ql[64], qh[32]
                     for part in range(4):  # 32 values: ql's low nibbles (0-31, 32-63), then high
                         for w in range(8):
                             src = word_at(p, o + 64 * nh + 32 * (part % 2) + 4 * w)
