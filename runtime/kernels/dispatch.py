@@ -22,6 +22,7 @@ from runtime.kernels.float_rows import (
 )
 from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
 from runtime.kernels.ir_helpers import int_dot_features
+from runtime.kernels.kq_row_tiles import KQ_ROW_TYPES, arranged_kq, mm_kq_rows
 from runtime.kernels.kq_tiles import (
     B32_TILES,
     LANE_VALUES,
@@ -32,7 +33,6 @@ from runtime.kernels.kq_tiles import (
     tiled,
 )
 from runtime.kernels.kquants import KQ_KIND, KQ_TYPES, KQ_XSUM, mm_kq, xsum
-from runtime.kernels.kq_row_tiles import KQ_ROW_TYPES, arranged_kq, mm_kq_rows
 from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq_int8
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
 from runtime.kernels.row_tiles import ROW_TYPES, arranged_rows, mm_rows, pads_lanes

@@ -48,7 +48,16 @@ from runtime.kernels.ir_helpers import (
     vstore,
 )
 from runtime.kernels.kq_tiles import f16_le, word_at
-from runtime.kernels.kquants import KQ_BYTES, Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS, Q6K_D, Q6K_QH, Q6K_SCALES
+from runtime.kernels.kquants import (
+    KQ_BYTES,
+    Q4K_QS,
+    Q4K_SCALES,
+    Q5K_QH,
+    Q5K_QS,
+    Q6K_D,
+    Q6K_QH,
+    Q6K_SCALES,
+)
 from runtime.kernels.quantize import LO_STEPS, residual_plane
 
 KQ_ROW_TYPES = ("q4_k", "q5_k", "q6_k")
