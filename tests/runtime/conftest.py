@@ -45,3 +45,17 @@ def arithmetic():
     before = kernels.arithmetic()
     yield kernels.set_arithmetic
     kernels.set_arithmetic(before)
+
+
+@pytest.fixture
+def no_amx(monkeypatch):
+    """The register tiles, also on a CPU with AMX (test_row_tiles.py, test_kq_row_tiles.py): the
+    batched forms on, the process's arithmetic restored after."""
+    from runtime import kernels as K
+    from runtime.kernels import amx
+
+    monkeypatch.setitem(amx._STATE, "ok", False)
+    K.set_batched_gemm(True)
+    before = K.arithmetic()
+    yield
+    K.set_arithmetic(before)

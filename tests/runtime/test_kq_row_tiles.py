@@ -106,15 +106,6 @@ def test_int8_sums_are_llama_cpps_batch_sums_bit_for_bit(fmt, kept):
     np.testing.assert_array_equal(Y, _as_llama_cpp(fmt, W, X))
 
 
-@pytest.fixture
-def no_amx(monkeypatch):  # the register tiles, also on a CPU with AMX
-    monkeypatch.setitem(amx._STATE, "ok", False)
-    K.set_batched_gemm(True)
-    before = K.arithmetic()
-    yield
-    K.set_arithmetic(before)
-
-
 @pytest.mark.parametrize("fmt", kq_row_tiles.KQ_ROW_TYPES)
 def test_the_runtime_takes_them_kept_or_not_in_int8_and_int16(fmt, no_amx, monkeypatch):
     """Many-token int8 and int16 matmuls of the K-quants run here: int8 llama.cpp's sums, int16

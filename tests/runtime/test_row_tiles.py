@@ -16,15 +16,6 @@ from tests.runtime.quant_blocks import random_blocks
 RNG = np.random.default_rng(23)
 
 
-@pytest.fixture
-def no_amx(monkeypatch):  # the register tiles, also on a CPU with AMX
-    monkeypatch.setitem(amx._STATE, "ok", False)
-    K.set_batched_gemm(True)
-    before = K.arithmetic()
-    yield
-    K.set_arithmetic(before)
-
-
 def _float_error(fmt, W, X, Y):
     Wf = K.decode_rows_at(fmt, W, np.arange(W.shape[0])).astype(np.float64)
     return (np.abs(Y - X.astype(np.float64) @ Wf.T) / (np.abs(X).astype(np.float64) @ np.abs(Wf).T)).max()
