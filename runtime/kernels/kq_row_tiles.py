@@ -21,7 +21,8 @@ Lane i holds row i of a group of 16: word j of super-block b of the 16 rows is o
 token's word j broadcast to every lane, so one vpdpbusd makes 16 rows' partial sums of 4
 products (weights the unsigned operand, activations the signed one, as llama.cpp's); the scales
 sc_s and m_s, d and dmin are vectors of the 16 rows' values. Each group is moved into this
-layout once per matmul (``group_kq``) or kept across matmuls (``kept_kq_rows``).
+layout once per matmul (``group_kq``: a full group's Q4_K/Q6_K quants decoded in vector registers
+and transposed 16 × 16) or kept across matmuls (``group_kq_rows``, through amx.kept_rows).
 """
 
 from __future__ import annotations
@@ -350,7 +351,6 @@ def kq_rows_tiles(W, kind, grouped, QT, SC, MN, D, DM, XQ, XS, XQ2, XS2, two, XD
     tile's layout first (``group_kq``) or, with ``grouped``, taken from (QT, SC, MN, D, DM)
     (``group_kq_all``)."""
     ns = SUBBLOCKS[kind]
-    step = KQ_TOKENS
     Tp, kw = XQ.shape
     nxs = XS.shape[1]
     nbx = XD.shape[1]
@@ -367,9 +367,9 @@ def kq_rows_tiles(W, kind, grouped, QT, SC, MN, D, DM, XQ, XS, XQ2, XS2, two, XD
             dm = np.empty(nsb * LANES16, np.float32)
             group_kq(W, kind, r0, m, nsb, qt, sc, mn, d, dm)
         O = np.empty(KQ_TOKENS * LANES16, np.float32)
-        for t in range(0, Tp, step):
+        for t in range(0, Tp, KQ_TOKENS):
             _run_tile(kind, two, qt, sc, mn, d, dm, XQ, XS, XQ2, XS2, XD, O, nsb, kw, nxs, nbx, t)
-            for j in range(min(step, T - t)):
+            for j in range(min(KQ_TOKENS, T - t)):
                 for i in range(m):
                     Y[t + j, r0 + i] = O[j * LANES16 + i]
 
