@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--model", default="real")
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--window", type=int, default=128)
-    ap.add_argument("--arithmetic", choices=("int8", "float", "int16"), default="int8")
+    ap.add_argument("--arithmetic", choices=("int8", "float", "int16", "llamacpp"), default="int8")
     ap.add_argument("--default-buffers", action="store_true", help="llama.cpp on its default (repacking) buffers")
     ap.add_argument("--kv", choices=("f32", "f16"), default="f32",
                     help="llama.cpp's KV cache type: f32 (what aios-run keeps and rounds as) or f16 (its default)")

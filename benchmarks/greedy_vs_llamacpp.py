@@ -36,7 +36,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="real")
-    ap.add_argument("--arithmetic", choices=("int8", "float"), default="int8")
+    ap.add_argument("--arithmetic", choices=("int8", "float", "llamacpp"), default="int8")
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--default-buffers", action="store_true",
                     help="llama.cpp on its default buffers (they repack Q4_0/Q4_K/Q8_0 and sum those otherwise)")

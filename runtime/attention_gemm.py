@@ -26,6 +26,7 @@ from numba import njit, prange
 
 from runtime import ggml_ops, ops
 from runtime.ggml_ops import exp_shift16, v_expf
+from runtime.kernels.dispatch import arithmetic
 from runtime.kernels.gemm import use_gemm
 
 QUERY_CHUNK = 256  # queries per GEMM: the scores (chunk · heads per KV head × keys) stay bounded
@@ -159,8 +160,10 @@ def attention_float(q, K, V, p0, scale, window, softcap):
 
 def attention_ggml(q, K, V, p0, scale, window, softcap):
     """``ggml_ops.attention`` (llama.cpp's one-query rounding) for any number of queries: where
-    ``use_gemm`` says, the GEMM form in llama.cpp's cap order (float32 sums in BLAS order)."""
+    ``use_gemm`` says, the GEMM form in llama.cpp's cap order (float32 sums in BLAS order);
+    never under the "llamacpp" arithmetic, whose sums are llama.cpp's batch ones (its batched
+    q·k is vec_dot_f32 per pair, its p·V tinyBLAS, as the one-query kernel sums them)."""
     q, p0 = _last(q, p0)
-    if use_gemm(q.shape[0]):
+    if use_gemm(q.shape[0]) and arithmetic() != "llamacpp":
         return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
     return ggml_ops.attention(q, K, V, p0, scale, window, softcap)

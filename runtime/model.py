@@ -162,7 +162,7 @@ class Model:
         so when it runs (block-typed weights with an int8 kernel, ``--arithmetic int8``) the
         norms, RoPE, attention and activation are ggml's too (runtime.ggml_ops); the float path
         keeps runtime.ops, closer to exact."""
-        return self._int8_weights and kernels.arithmetic() == "int8"
+        return self._int8_weights and kernels.arithmetic() in kernels.GGML_ARITHMETICS
 
     def _activation(self) -> str:
         """The FFN activation this forward pass computes: under ``_ggml()`` a GELU-family one is
@@ -262,7 +262,7 @@ class Model:
         decode step can run its blocks compiled: ``fused_glue``, dense mode, no hooks watching
         the FFN. The ggml path's blocks (int8 kernels) or the float path's (F16/BF16 matrices).
         Gathered once per arithmetic."""
-        if not (self.fused_glue and self.mode == "dense" and self.thresholds is None
+        if not (self.fused_glue and self.mode == "dense" and self.thresholds is None and kernels.arithmetic() != "llamacpp"
                 and self.ffn_input_hook is None and self.ffn_act_hook is None):
             return None
         arith = kernels.arithmetic()

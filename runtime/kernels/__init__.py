@@ -42,12 +42,16 @@ compare with gguf-py's dequantized weights (``mm_block`` is always this path). T
 activations (blocks of 256, float d, the 16 group sums for the minimum / offset terms;
 ``quantize_q8_k``), integer sums by pmaddubsw + vpdpwssd. ``INT8_DEFAULT`` lists the types
 "int8" runs in int8 (all of them: int8 measured faster than float for every type here).
+"llamacpp" is "int8" with every sum in llama.cpp's own order where a kernel mirrors it
+(``ggml_order``: Q8_0, Q4_0, Q5_0, Q4_K, Q6_K; Q5_K from 8 tokens), no GEMM attention and no
+compiled decode blocks: logits bit-identical to llama.cpp's plain CPU buffers (x86, AVX-512
+VNNI build), at a lower speed; what agreement with llama.cpp is checked in.
 
 The package, one module per seam: ``threads`` (OpenMP's spin, ``set_threads``, ``threads_for``),
 ``ir_helpers`` (the IR the intrinsics are built from; the CPU's integer dot), ``groups`` (the
 kernels' row groups), ``float_rows`` (F32, F16, BF16), ``blocks32`` and ``blocks32_int`` (the
 32-value blocks in float and in int8), ``kquants`` and ``kquants_int`` (the K-quants, likewise),
-``quantize`` (the activations' int8 blocks), ``gemm`` (many tokens: rows decoded once per
+``quantize`` (the activations' int8 blocks), ``ggml_order`` (llama.cpp's order of sums), ``gemm`` (many tokens: rows decoded once per
 matmul, then one float32 GEMM; ``set_batched_gemm``), ``kq_tiles`` (many tokens in int8 register
 tiles), ``amx`` (the same on Intel AMX tiles, where the CPU has them), ``sparse`` (the sparse down projection; block rows
 decoded) and ``dispatch`` (``mm_block``, ``mm_block_arith``, the process-wide arithmetic). The
@@ -73,7 +77,14 @@ import types
 
 from aios.quant import QK_K
 from runtime.kernels import dispatch, threads
-from runtime.kernels.amx import AMX_TYPES, amx_available, amx_runs, arranged_amx, kept_unpacked, mm_amx
+from runtime.kernels.amx import (
+    AMX_TYPES,
+    amx_available,
+    amx_runs,
+    arranged_amx,
+    kept_unpacked,
+    mm_amx,
+)
 from runtime.kernels.blocks32 import (
     B32,
     B32_AFFINE,
@@ -109,6 +120,7 @@ from runtime.kernels.blocks32_int import (
 from runtime.kernels.dispatch import (
     ARITHMETICS,
     BLOCK_TYPES,
+    GGML_ARITHMETICS,
     INT8_ALL,
     INT8_DEFAULT,
     INT8_TYPES,
@@ -277,7 +289,7 @@ _mm_float = mm_float_rows
 
 __all__ = [
     "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "kept_unpacked", "mm_amx",
-    "AFFINE_B32", "AHEAD", "ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "set_batched_gemm", "use_gemm", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
+    "AFFINE_B32", "AHEAD", "ARITHMETICS", "GGML_ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "set_batched_gemm", "use_gemm", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
     "B32_OFFSET", "B32_QS", "B32_SIGNED", "BF16_ROWS", "BLOCKWISE", "BLOCK_TYPES", "F16_ROWS",
     "F32", "F32_ROWS", "FAST", "FLOAT_ROWS", "HALF", "I8", "I16", "I32", "INT8_ALL",
     "INT8_DEFAULT", "INT8_TYPES", "INT_DOT_NAMES", "IQ4XS_QS", "IQ4XS_SL", "KQ_BYTES",

@@ -234,12 +234,12 @@ def _quad_x(b, xq, blk, ity):
     return b.shuffle_vector(x0, x1, const(v, lo)), b.shuffle_vector(x0, x1, const(v, hi))
 
 
-def _dot4_b32_int_codegen(fmt):
+def _dot4_b32_int_codegen(fmt, blockwise=None):
     nbytes = B32_BYTES[fmt]
     affine = fmt in B32_AFFINE
     # the Q8_0 partners as ggml sums them (BLOCKWISE): each block's signed integer dot in 8 lanes,
     # fma'd block after block; the affine types: the minimum a per-block float term m_w·s_x
-    blockwise = fmt in BLOCKWISE
+    blockwise = fmt in BLOCKWISE if blockwise is None else blockwise
     signed = fmt in B32_SIGNED
     # Q4_0 / Q5_0: the stored n is the value + offset, taken off in the integer lanes (BLOCKWISE)
     # or as a per-block float term −offset·d_w·s_x (otherwise)
@@ -531,19 +531,21 @@ def _dot4_b32_int_codegen(fmt):
     return codegen
 
 
-def _dot4_b32_int(fmt):
-    gen = _dot4_b32_int_codegen(fmt)
+def dot4_b32_int(fmt, blockwise=None):
+    """The four-row int8 dot product of ``fmt`` as an intrinsic; ``blockwise``: summed in ggml's
+    order (BLOCKWISE) or not (None: as BLOCKWISE lists ``fmt``)."""
+    gen = _dot4_b32_int_codegen(fmt, blockwise)
 
     def typer(typingctx, w0, w1, w2, w3, p0, p1, p2, p3, xq, xd, xs, nb):
         return types.UniTuple(types.float32, ROWS)(w0, w1, w2, w3, p0, p1, p2, p3, xq, xd, xs, nb), gen
 
-    typer.__name__ = f"dot4i_{fmt}"
+    typer.__name__ = f"dot4i_{fmt}" + ("_ggml" if blockwise and fmt not in BLOCKWISE else "")
     return intrinsic(typer)
 
 
 # four rows of 32-value blocks · an int8-quantized x (quants, d_x, s_x per block) over nb blocks
-dot4i_q8_0, dot4i_q4_0, dot4i_q4_1 = _dot4_b32_int("q8_0"), _dot4_b32_int("q4_0"), _dot4_b32_int("q4_1")
-dot4i_q5_0, dot4i_q5_1, dot4i_iq4_nl = _dot4_b32_int("q5_0"), _dot4_b32_int("q5_1"), _dot4_b32_int("iq4_nl")
+dot4i_q8_0, dot4i_q4_0, dot4i_q4_1 = dot4_b32_int("q8_0"), dot4_b32_int("q4_0"), dot4_b32_int("q4_1")
+dot4i_q5_0, dot4i_q5_1, dot4i_iq4_nl = dot4_b32_int("q5_0"), dot4_b32_int("q5_1"), dot4_b32_int("iq4_nl")
 
 
 AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products take Q8_1 activations

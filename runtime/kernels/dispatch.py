@@ -21,6 +21,7 @@ from runtime.kernels.float_rows import (
     mm_lut_rows,
 )
 from runtime.kernels.gemm import gemm_rows, q8_0_values, q8_k_values, use_gemm
+from runtime.kernels.ggml_order import GGML_B32_KIND, GGML_KQ_KIND, mm_b32_ggml, mm_kq_ggml
 from runtime.kernels.ir_helpers import int_dot_features
 from runtime.kernels.kq_row_tiles import KQ_ROW_TYPES, arranged_kq, mm_kq_rows
 from runtime.kernels.kq_tiles import (
@@ -39,7 +40,8 @@ from runtime.kernels.row_tiles import ROW_TYPES, arranged_rows, mm_rows, pads_la
 from runtime.kernels.sparse import decode_block_rows
 
 # --- the process-wide arithmetic of the block kernels ----------------------------------------
-ARITHMETICS = ("int8", "float", "int16")  # --arithmetic choices; the first is the default
+ARITHMETICS = ("int8", "float", "int16", "llamacpp")  # --arithmetic choices; the first is the default
+GGML_ARITHMETICS = ("int8", "llamacpp")  # llama.cpp's arithmetic: int8 blocks, ggml's small operations
 INT8_TYPES = B32  # 32-value block types with an int8-activation kernel (Q8_0 activation blocks)
 INT8_ALL = B32 + KQ_INT  # every type with an int8 kernel (``mm_block_int8``); the rest run float
 INT8_DEFAULT = frozenset(INT8_ALL)  # the types "int8" runs int8 (all that have a kernel)
@@ -52,7 +54,9 @@ def set_arithmetic(name: str) -> str:
     "float" (weights decoded to float times float activations) or "int16" (float, except that
     many-token matmuls on the AMX tiles take the activations as two int8 planes, 16-bit values:
     the float results to ~1/32,000 of a block's largest activation, at the tiles' speed; what
-    perplexity is measured in). Returns the name in effect."""
+    perplexity is measured in) or "llamacpp" (int8, each sum in llama.cpp's order where a kernel
+    mirrors it, ``_mm_llamacpp``: bit-identical logits on its plain CPU buffers, slower). Returns
+    the name in effect."""
     from aios.errors import UsageError
 
     if name not in ARITHMETICS:
@@ -62,7 +66,7 @@ def set_arithmetic(name: str) -> str:
 
 
 def arithmetic() -> str:
-    """The block kernels' arithmetic in effect ("int8", "float" or "int16")."""
+    """The block kernels' arithmetic in effect (one of ARITHMETICS)."""
     return _ARITHMETIC["name"]
 
 
@@ -248,11 +252,37 @@ INT16_TILES_MIN_VALUES = 1 << 22
 KQ_ROWS_MIN_TOKENS = 16
 
 
+# llama.cpp's tiled K-quant kernel runs from this many tokens (ggml_tiled_min_batch); below, its
+# one-token vec_dot kernels, token by token
+LLAMACPP_TILED_MIN_TOKENS = 8
+
+
+def _mm_llamacpp(fmt, W, X, rows, Y) -> bool:
+    """``fmt``'s matmul summed as llama.cpp's CPU backend sums it on its plain buffers (the
+    "llamacpp" arithmetic), where a kernel mirrors it; whether one ran. Q8_0, Q4_0, Q5_0 at any
+    token count (runtime.kernels.ggml_order's blockwise kernels: its vec_dot_*_q8_0 and
+    tinyBLAS_Q0); Q4_K, Q5_K, Q6_K from 8 tokens (the K-quant row tiles: its tiled kernel), Q4_K
+    and Q6_K below (its vec_dot_q4_K/q6_K_q8_K). The other types keep the int8 kernels."""
+    T = X.shape[0]
+    if fmt in KQ_ROW_TYPES and rows is None and T >= LLAMACPP_TILED_MIN_TOKENS and tiled(fmt):
+        mm_kq_rows(fmt, W, _arranged_kq(X, fmt), Y, amx.kept_rows(fmt, W, X.shape[1], "rows"))
+    elif fmt in GGML_KQ_KIND:
+        xq, xd, xb = _quantized(X, "k")
+        mm_kq_ggml(W, xq, xd, xb, rows, Y, GGML_KQ_KIND[fmt])
+    elif fmt in GGML_B32_KIND:
+        mm_b32_ggml(W, *_quantized(X, False), rows, Y, GGML_B32_KIND[fmt])
+    else:
+        return False
+    return True
+
+
 def mm_block_arith(fmt, W, X, rows, Y):
     """``mm_block`` in the process's arithmetic: int8 for INT8_ALL under "int8", else float.
     What the runtime's weights call (runtime.weights.KERNELS). From GEMM_MIN_TOKENS tokens on, a
     whole-matrix product decodes the weights once (``gemm.use_gemm``) (``mm_block_gemm``) in the same arithmetic."""
-    int8 = _ARITHMETIC["name"] == "int8" and fmt in INT8_DEFAULT
+    int8 = _ARITHMETIC["name"] in GGML_ARITHMETICS and fmt in INT8_DEFAULT
+    if int8 and _ARITHMETIC["name"] == "llamacpp" and _mm_llamacpp(fmt, W, X, rows, Y):
+        return
     T = X.shape[0]
     if (int8 and rows is None and fmt in KQ_ROW_TYPES and tiled(fmt) and KQ_ROWS_MIN_TOKENS <= T
             and use_gemm(max(T, gemm.GEMM_MIN_TOKENS)) and not (use_gemm(T) and amx.amx_runs(fmt, X.shape[1]))):
@@ -284,7 +314,7 @@ def mm_block_arith(fmt, W, X, rows, Y):
 def mm_f16_arith(W, X, rows, Y):
     """``mm_f16`` in the process's arithmetic: under "int8" (llama.cpp's) x rounded to fp16 first,
     as ggml's vec_dot_f16 does; under "float" x float32 (exact to float32 rounding)."""
-    if _ARITHMETIC["name"] != "int8":
+    if _ARITHMETIC["name"] not in GGML_ARITHMETICS:
         mm_f16(W, X, rows, Y)
         return
     XH = X.astype(np.float16)
@@ -302,6 +332,12 @@ def arithmetic_label(kinds=None) -> str:
     tiles" where the AMX tiles run the many-token matmuls), "fp16 activations (F16
     weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
+    if arithmetic() == "llamacpp":
+        exact = [t.upper() + ("" if t in GGML_B32_KIND or t in GGML_KQ_KIND else f" from {LLAMACPP_TILED_MIN_TOKENS} tokens")
+                 for t in BLOCK_TYPES if t in set(GGML_B32_KIND) | set(GGML_KQ_KIND) | set(KQ_ROW_TYPES)
+                 and (lower is None or t in lower)]
+        return (f"llamacpp (int8 summed in llama.cpp's order{': ' + '/'.join(exact) if exact else ''}; "
+                "other types int8)")
     if arithmetic() == "float":
         return "float"
     if arithmetic() == "int16":

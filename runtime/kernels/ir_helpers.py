@@ -11,6 +11,8 @@ it guarantee the lengths.
 from __future__ import annotations
 
 from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 F32 = ir.FloatType()
 HALF = ir.HalfType()
@@ -25,6 +27,21 @@ ROWS = 4  # weight rows per call of the *4 intrinsics
 
 
 # --- IR helpers -------------------------------------------------------------------------
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a·b + c rounded once (llvm.fma.f32): the _mm512_fmadd_ps lane ggml relies on (a scalar
+    intrinsic for plain numba code: runtime.ggml_ops, runtime.kernels.ggml_order)."""
+    sig = types.float32(a, b, c)
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, signature.args)]
+        return builder.call(fn, vals)
+
+    return sig, codegen
+
+
 def const(ty, v):
     return ir.Constant(ty, v)
 

@@ -254,7 +254,7 @@ _full_q4, _full_q6 = _full_group(0), _full_group(2)
 
 
 @njit(cache=True, inline="always")
-def _scale_min_k4(sc, j):  # ggml's get_scale_min_k4: sub-block j's 6-bit scale and minimum
+def scale_min_k4(sc, j):  # ggml's getscale_min_k4: sub-block j's 6-bit scale and minimum
     if j < 4:
         return np.int32(sc[j] & 63), np.int32(sc[j + 4] & 63)
     return (np.int32((sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4)),
@@ -291,7 +291,7 @@ def group_kq(W, kind, r0, m, nsb, qt, sc, mn, d, dm):
                 d[b * LANES16 + i], dm[b * LANES16 + i] = f16_le(p, o), f16_le(p, o + 2)
                 scales = p[o + Q4K_SCALES: o + Q4K_SCALES + 12]
                 for j in range(8):
-                    s, mm = _scale_min_k4(scales, j)
+                    s, mm = scale_min_k4(scales, j)
                     sc[(b * ns + j) * LANES16 + i] = s
                     mn[(b * ns + j) * LANES16 + i] = mm
                 qs = o + (Q5K_QS if kind == 1 else Q4K_QS)

@@ -134,3 +134,55 @@ def test_int8_k_quant_batch_matmuls_equal_llama_cpps_bit_for_bit(real_gemma, ari
     wo = m._mm(m.layers[0]["attn_output.weight"], t["kqv_out-0"], 0)
     w = np.asarray(m.layers[0]["post_attention_norm.weight"], np.float32)
     np.testing.assert_array_equal(ggml_ops.rms_norm(wo, w, np.float32(m.hp.norm_eps)), t["attn_post_norm-0"])
+
+
+# --- the "llamacpp" arithmetic: llama.cpp's order of sums everywhere (runtime.kernels.ggml_order) ---
+def test_llamacpp_arithmetic_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma, arithmetic):
+    """What the int8 Q5_0 kernel above gives up for speed, the "llamacpp" arithmetic's blockwise
+    twin has: the real file's layer-0 up projection equals llama.cpp's bit for bit."""
+    arithmetic("llamacpp")
+    X, theirs = _ffn_up_layer0(real_gemma)
+    m = Model(real_gemma, n_ctx=64)
+    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_up.weight"], X, 0), theirs)
+
+
+@pytest.mark.parametrize("n", [6, len(PROMPT)])  # llama.cpp's one-token kernels, then its batch ones
+def test_llamacpp_arithmetic_logits_equal_llama_cpps_bit_for_bit(real_gemma, n, arithmetic):
+    """Every logit of every position, Q5_0, Q8_0, Q4_K and Q6_K matrices, local and global
+    attention: equal to llama.cpp's (plain buffers, F32 KV cache) bit for bit."""
+    from aios.reference import llamacpp
+
+    pytest.importorskip("llama_cpp")
+    if not ggml_ops_order():
+        pytest.skip("llama.cpp's sums are mirrored as its x86 AVX-512 VNNI build orders them")
+    arithmetic("llamacpp")
+    ids = PROMPT[:n]
+    theirs = llamacpp.logits(real_gemma, ids, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,
+                             type_k=0, type_v=0).value
+    np.testing.assert_array_equal(Model(real_gemma, n_ctx=64).forward(ids, all_logits=True), theirs)
+
+
+def test_llamacpp_arithmetic_greedy_text_equals_llama_cpps(real_gemma, arithmetic):
+    """A prompt, then 16 tokens one at a time (issue 39's greedy check, one of its prompts)."""
+    from aios.reference import llamacpp
+    from runtime.generate import generate, load_tokenizer
+
+    pytest.importorskip("llama_cpp")
+    if not ggml_ops_order():
+        pytest.skip("llama.cpp's sums are mirrored as its x86 AVX-512 VNNI build orders them")
+    arithmetic("llamacpp")
+    ids = load_tokenizer(real_gemma)("Once upon a time, in a small village,")["input_ids"]
+    theirs = llamacpp.greedy(real_gemma, ids, 16, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,
+                             type_k=0, type_v=0).value
+    ours, _ = generate(Model(real_gemma, n_ctx=64), ids, 16)
+    assert list(ours) == theirs
+
+
+def ggml_ops_order() -> bool:
+    """Whether this CPU runs the order the "llamacpp" arithmetic mirrors (x86, AVX-512 VNNI)."""
+    import platform
+
+    from runtime import ggml_ops
+
+    return (platform.machine().lower() in ("x86_64", "amd64") and ggml_ops.avx512_order()
+            and kernels.int_dot_features() == "avx512vnni")
