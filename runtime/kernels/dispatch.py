@@ -333,9 +333,10 @@ def arithmetic_label(kinds=None) -> str:
     weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
     if arithmetic() == "llamacpp":
-        exact = [t.upper() + ("" if t in GGML_B32_KIND or t in GGML_KQ_KIND else f" from {LLAMACPP_TILED_MIN_TOKENS} tokens")
-                 for t in BLOCK_TYPES if t in set(GGML_B32_KIND) | set(GGML_KQ_KIND) | set(KQ_ROW_TYPES)
-                 and (lower is None or t in lower)]
+        mine = [t for t in BLOCK_TYPES if lower is None or t in lower]
+        exact = ([t.upper() for t in mine if t in GGML_B32_KIND or t in GGML_KQ_KIND]
+                 + [f"{t.upper()} from {LLAMACPP_TILED_MIN_TOKENS} tokens" for t in mine
+                    if t in KQ_ROW_TYPES and t not in GGML_KQ_KIND])
         return (f"llamacpp (int8 summed in llama.cpp's order{': ' + '/'.join(exact) if exact else ''}; "
                 "other types int8)")
     if arithmetic() == "float":

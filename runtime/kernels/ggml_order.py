@@ -53,9 +53,17 @@ def _hsum8(a):  # ggml's hsum_float_8
     return _F32(_F32(_F32(a[0] + a[4]) + _F32(a[2] + a[6])) + _F32(_F32(a[1] + a[5]) + _F32(a[3] + a[7])))
 
 
+@njit(cache=True, inline="always")
+def _lanes(acc32, lanes):  # the 32 per-value-offset sums into ggml's 8 lanes of 4 offsets
+    for lane in range(8):
+        lanes[lane] += (acc32[4 * lane] + acc32[4 * lane + 1]) + (acc32[4 * lane + 2] + acc32[4 * lane + 3])
+
+
 @njit(cache=True)
-def dot_q4_k_ggml(p, xq, xd, xb, nsb, lanes, acc, accm):
-    """One row p (the file's Q4_K super-blocks) · one token's Q8_K blocks, as ggml_vec_dot_q4_K_q8_K."""
+def dot_q4_k_ggml(p, xq, xd, xb, nsb, lanes, acc, accm, acc32):
+    """One row p (the file's Q4_K super-blocks) · one token's Q8_K blocks, as ggml_vec_dot_q4_K_q8_K.
+    The integer sums are exact, so they are formed per offset within the 32-value chunks (a loop
+    LLVM vectorizes) and only then gathered into ggml's lanes."""
     acc[:] = 0
     accm[:] = 0
     for i in range(nsb):
@@ -64,12 +72,12 @@ def dot_q4_k_ggml(p, xq, xd, xb, nsb, lanes, acc, accm):
         dmin = _F32(-xd[i] * f16_le(p, o + 2))
         sc = p[o + Q4K_SCALES: o + Q4K_SCALES + 12]
         for k in range(4):
-            s0, m0 = scale_min_k4(sc, 2 * k)
-            s1, m1 = scale_min_k4(sc, 2 * k + 1)
+            _, m0 = scale_min_k4(sc, 2 * k)
+            _, m1 = scale_min_k4(sc, 2 * k + 1)
             b = i * 16 + 4 * k  # bsums of 16 values: sub-block 2k is 4k, 4k + 1; 2k + 1 is 4k + 2, 4k + 3
             prod = m0 * (np.int32(xb[b]) + np.int32(xb[b + 1])) + m1 * (np.int32(xb[b + 2]) + np.int32(xb[b + 3]))
             accm[k] = fma32(dmin, _F32(prod), accm[k])
-        lanes[:] = 0
+        acc32[:] = 0
         for j in range(4):  # 64 values: 32 bytes, low nibbles sub-block 2j, high ones 2j + 1
             s_lo, _ = scale_min_k4(sc, 2 * j)
             s_hi, _ = scale_min_k4(sc, 2 * j + 1)
@@ -77,31 +85,39 @@ def dot_q4_k_ggml(p, xq, xd, xb, nsb, lanes, acc, accm):
             x = i * QK_K + 64 * j
             for v in range(32):
                 w = np.int32(p[q + v])
-                lanes[v >> 2] += s_lo * (w & 15) * np.int32(xq[x + v]) + s_hi * (w >> 4) * np.int32(xq[x + 32 + v])
+                acc32[v] += s_lo * (w & 15) * np.int32(xq[x + v]) + s_hi * (w >> 4) * np.int32(xq[x + 32 + v])
+        lanes[:] = 0
+        _lanes(acc32, lanes)
         for lane in range(8):
             acc[lane] = fma32(d, _F32(lanes[lane]), acc[lane])
     return _F32(_hsum8(acc) + _F32(_F32(accm[0] + accm[2]) + _F32(accm[1] + accm[3])))
 
 
 @njit(cache=True)
-def dot_q6_k_ggml(p, xq, xd, xb, nsb, lanes, acc):
-    """One row p (the file's Q6_K super-blocks) · one token's Q8_K blocks, as ggml_vec_dot_q6_K_q8_K."""
+def dot_q6_k_ggml(p, xq, xd, xb, nsb, lanes, acc, acc32):
+    """One row p (the file's Q6_K super-blocks) · one token's Q8_K blocks, as ggml_vec_dot_q6_K_q8_K
+    (the integer sums formed per offset first, as ``dot_q4_k_ggml``)."""
     acc[:] = 0
     for i in range(nsb):
         o = i * 210
         d = _F32(xd[i] * f16_le(p, o + Q6K_D))
+        acc32[:] = 0
+        for h in range(2):  # 128 values each: ql[64], qh[32]
+            for part in range(4):  # 32 values: ql's low nibbles (0-31, 32-63), then its high ones
+                x = i * QK_K + 128 * h + 32 * part
+                ql = o + 64 * h + 32 * (part % 2)
+                qh = o + Q6K_QH + 32 * h
+                shift, hshift = np.int32(4 * (part // 2)), np.int32(2 * part)
+                s0 = np.int32(np.int8(p[o + Q6K_SCALES + 8 * h + 2 * part]))  # values 0-15
+                s1 = np.int32(np.int8(p[o + Q6K_SCALES + 8 * h + 2 * part + 1]))  # values 16-31
+                for v in range(32):
+                    q6 = ((np.int32(p[ql + v]) >> shift) & 15) | (((np.int32(p[qh + v]) >> hshift) & 3) << 4)
+                    acc32[v] += (s0 if v < 16 else s1) * q6 * np.int32(xq[x + v])
         for lane in range(8):  # q8sclsub: 32 · (bsum · scale) of 16-value sub-blocks 2l and 2l + 1
             s0 = np.int32(np.int8(p[o + Q6K_SCALES + 2 * lane]))
             s1 = np.int32(np.int8(p[o + Q6K_SCALES + 2 * lane + 1]))
             lanes[lane] = -32 * (np.int32(xb[i * 16 + 2 * lane]) * s0 + np.int32(xb[i * 16 + 2 * lane + 1]) * s1)
-        for h in range(2):  # 128 values each: ql[64], qh[32]
-            for part in range(4):  # 32 values: ql's low nibbles (0-31, 32-63), then its high ones
-                x = i * QK_K + 128 * h + 32 * part
-                for v in range(32):
-                    lo = (np.int32(p[o + 64 * h + 32 * (part % 2) + v]) >> (4 * (part // 2))) & 15
-                    hi = (np.int32(p[o + Q6K_QH + 32 * h + v]) >> (2 * part)) & 3
-                    s = np.int32(np.int8(p[o + Q6K_SCALES + 8 * h + 2 * part + (v >> 4)]))
-                    lanes[v >> 2] += s * (lo | (hi << 4)) * np.int32(xq[x + v])
+        _lanes(acc32, lanes)
         for lane in range(8):
             acc[lane] = fma32(d, _F32(lanes[lane]), acc[lane])
     return _hsum8(acc)
@@ -117,13 +133,14 @@ def mm_kq_ggml(W, xq, xd, xb, rows, Y, kind):
     for r in prange(n):
         lanes = np.zeros(8, np.int32)
         acc = np.zeros(8, _F32)
-        accm = np.zeros(4, np.float32)
+        accm = np.zeros(4, _F32)
+        acc32 = np.zeros(32, np.int32)
         row = row_at(rows, r)
         for t in range(T):
             if kind == 0:
-                Y[t, row] = dot_q4_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc, accm)
+                Y[t, row] = dot_q4_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc, accm, acc32)
             else:
-                Y[t, row] = dot_q6_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc)
+                Y[t, row] = dot_q6_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc, acc32)
 
 
 @njit(parallel=True, cache=True)

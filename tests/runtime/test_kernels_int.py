@@ -125,7 +125,7 @@ def test_matrix_matmul_follows_the_setting(arithmetic):
 def test_setting_and_labels(arithmetic):
     from aios.errors import UsageError
 
-    assert K.ARITHMETICS[0] == "int8" and set(K.ARITHMETICS) == {"int8", "float", "int16"}
+    assert K.ARITHMETICS[0] == "int8" and set(K.ARITHMETICS) == {"int8", "float", "int16", "llamacpp"}
     with pytest.raises(UsageError):
         arithmetic("int4")
     arithmetic("int8")
@@ -139,6 +139,9 @@ def test_setting_and_labels(arithmetic):
     assert K.arithmetic_label({"Q8_0"}) == "float" and K.arithmetic_label({"F16"}) == "float"
     arithmetic("int16")
     assert K.arithmetic_label({"Q8_0"}).startswith("int16 (float")
+    arithmetic("llamacpp")  # which types it sums in llama.cpp's order (tests/runtime/test_ggml_order.py)
+    assert K.arithmetic_label({"Q5_0", "Q5_K", "Q6_K", "Q4_1"}) == (
+        "llamacpp (int8 summed in llama.cpp's order: Q5_0/Q6_K/Q5_K from 8 tokens; other types int8)")
 
 
 @pytest.mark.parametrize("n,k,T", [(1, 32, 1), (13, 4096, 1), (9, 8192, 2), (21, 8224, 1), (6, 40, 2)])
