@@ -40,6 +40,23 @@ def test_norms_agree_with_the_float_path():
         np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
 
 
+def test_rope_theta_scale_is_the_c_librarys_powf():
+    """ggml computes powf(base, -2.0f/n_dims); numpy's float32 power is an ulp off for base 10000
+    at 64 dims (glibc: 0.7498942), which RoPE multiplies along the head: logits of a head-size-64
+    llama parted from llama.cpp's from 13 tokens on (tests/runtime/test_ggml_order.py)."""
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.util.find_library("m")
+    if libm is None:
+        pytest.skip("no C math library to compare with")
+    powf = ctypes.CDLL(libm).powf
+    powf.restype, powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    for base, dims in ((10000.0, 64), (10000.0, 128), (1e6, 256), (500000.0, 128), (10000.0, 96)):
+        want = np.float32(powf(base, float(np.float32(-2.0) / np.float32(dims))))
+        assert ggml_ops.theta_scale(base, dims) == want, (base, dims)
+
+
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope_agrees_with_the_float_path(neox):
     T, H, hd, dims, base = 40, 3, 64, 32, 10000.0  # partial rotary: 32 of 64 dims
