@@ -13,6 +13,11 @@ follows its features.
 
     python benchmarks/agreement_vs_llamacpp.py [--model real|FILE.gguf] [--windows 16] [--window 128]
         [--arithmetic int8] [--default-buffers] [--kv f32|f16] [--json OUT]
+        [--candidate llamacpp --candidate-kv f16 --candidate-default-buffers]
+
+``--candidate llamacpp`` scores llama.cpp itself in another configuration in our place (its
+KV type and buffers from the ``--candidate-*`` options): how far its own configurations agree,
+the scale against which a top-1 figure reads.
 
 llama.cpp's KV cache is float32 by default here (``--kv``), as aios-run keeps it; llama.cpp's own
 default, f16, rounds every key and value to fp16 first.
@@ -38,6 +43,10 @@ def main() -> None:
                     help="llama.cpp's KV cache type: f32 (what aios-run keeps and rounds as) or f16 (its default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--candidate", choices=("aios", "llamacpp"), default="aios",
+                    help="who is scored against the reference: aios-run, or llama.cpp in another configuration")
+    ap.add_argument("--candidate-kv", choices=("f32", "f16"), default="f16")
+    ap.add_argument("--candidate-default-buffers", action="store_true")
     args = ap.parse_args()
 
     import numpy as np
@@ -63,12 +72,18 @@ def main() -> None:
     res = llamacpp.logits(path, ids, window=args.window, plain_only=not args.default_buffers, n_ctx=args.window,
                           n_batch=args.window, n_threads=args.threads, type_k=kv, type_v=kv)
     theirs = res.value
-    m = Model(path, n_ctx=args.window)
-    ours = []
-    for w0 in range(0, len(ids), args.window):
-        m.reset()
-        ours.append(m.forward(ids[w0:w0 + args.window], all_logits=True))
-    ours = np.concatenate(ours)
+    if args.candidate == "llamacpp":
+        ckv = 0 if args.candidate_kv == "f32" else 1
+        cand = llamacpp.logits(path, ids, window=args.window, plain_only=not args.candidate_default_buffers,
+                               n_ctx=args.window, n_batch=args.window, n_threads=args.threads, type_k=ckv, type_v=ckv)
+        ours, label = cand.value, f"llama.cpp itself ({cand.config}, KV cache {args.candidate_kv})"
+    else:
+        m = Model(path, n_ctx=args.window)
+        ours = []
+        for w0 in range(0, len(ids), args.window):
+            m.reset()
+            ours.append(m.forward(ids[w0:w0 + args.window], all_logits=True))
+        ours, label = np.concatenate(ours), kernels.arithmetic_label()
     pick, best = ours.argmax(1), theirs.argmax(1)
     rows = np.arange(len(ids))
     tie = theirs[rows, best] - theirs[rows, pick] <= TIE * np.abs(theirs).max(1)
@@ -77,7 +92,7 @@ def main() -> None:
     for w0 in range(0, len(ids), args.window):
         d = np.flatnonzero(~same_rows[w0:w0 + args.window])
         first.append(int(d[0]) if len(d) else args.window)
-    out = {"file": path.name, "positions": len(ids), "window": args.window, "arithmetic": kernels.arithmetic_label(),
+    out = {"file": path.name, "positions": len(ids), "window": args.window, "candidate": label,
            "llama_cpp_config": res.config, "kv_cache": args.kv, "top1": round(float((pick == best).mean()), 4),
            "top1_ties_counted": round(float(((pick == best) | tie).mean()), 4),
            "bit_identical_positions": round(float(same_rows.mean()), 4), "first_difference_per_window": first}
