@@ -43,7 +43,7 @@ activations (blocks of 256, float d, the 16 group sums for the minimum / offset 
 ``quantize_q8_k``), integer sums by pmaddubsw + vpdpwssd. ``INT8_DEFAULT`` lists the types
 "int8" runs in int8 (all of them: int8 measured faster than float for every type here).
 "llamacpp" is "int8" with every sum in llama.cpp's own order where a kernel mirrors it
-(``ggml_order``: Q8_0, Q4_0, Q5_0, Q4_K, Q6_K; Q5_K from 8 tokens), no GEMM attention and no
+(``ggml_order``: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), no GEMM attention and no
 compiled decode blocks: logits bit-identical to llama.cpp's plain CPU buffers (x86, AVX-512
 VNNI build), at a lower speed; what agreement with llama.cpp is checked in.
 

@@ -261,8 +261,8 @@ def _mm_llamacpp(fmt, W, X, rows, Y) -> bool:
     """``fmt``'s matmul summed as llama.cpp's CPU backend sums it on its plain buffers (the
     "llamacpp" arithmetic), where a kernel mirrors it; whether one ran. Q8_0, Q4_0, Q5_0 at any
     token count (runtime.kernels.ggml_order's blockwise kernels: its vec_dot_*_q8_0 and
-    tinyBLAS_Q0); Q4_K, Q5_K, Q6_K from 8 tokens (the K-quant row tiles: its tiled kernel), Q4_K
-    and Q6_K below (its vec_dot_q4_K/q6_K_q8_K). The other types keep the int8 kernels."""
+    tinyBLAS_Q0); Q4_K, Q5_K, Q6_K from 8 tokens (the K-quant row tiles: its tiled kernel) and
+    below (its vec_dot_q4_K/q5_K/q6_K_q8_K). The other types keep the int8 kernels."""
     T = X.shape[0]
     if fmt in KQ_ROW_TYPES and rows is None and T >= LLAMACPP_TILED_MIN_TOKENS and tiled(fmt):
         mm_kq_rows(fmt, W, _arranged_kq(X, fmt), Y, amx.kept_rows(fmt, W, X.shape[1], "rows"))
@@ -333,11 +333,11 @@ def arithmetic_label(kinds=None) -> str:
     weights, as ggml's vec_dot_f16)" for a file of F16 matrices, or "float"."""
     lower = None if kinds is None else {k.lower() for k in kinds}
     if arithmetic() == "llamacpp":
-        mine = [t for t in BLOCK_TYPES if lower is None or t in lower]
-        exact = ([t.upper() for t in mine if t in GGML_B32_KIND or t in GGML_KQ_KIND]
-                 + [f"{t.upper()} from {LLAMACPP_TILED_MIN_TOKENS} tokens" for t in mine
-                    if t in KQ_ROW_TYPES and t not in GGML_KQ_KIND])
-        return (f"llamacpp (int8 summed in llama.cpp's order{': ' + '/'.join(exact) if exact else ''}; "
+        exact = [t.upper() for t in BLOCK_TYPES if (t in GGML_B32_KIND or t in GGML_KQ_KIND) and (lower is None or t in lower)]
+        # the order mirrored is llama.cpp's x86 AVX-512 VNNI build's (its tiled K-quant kernel and
+        # ggml_ops' 16-lane reductions); elsewhere the same kernels run, in that order, not the CPU's
+        where = "" if int_dot_features() == "avx512vnni" else ", as its AVX-512 VNNI build sums (not this CPU's build)"
+        return (f"llamacpp (int8 summed in llama.cpp's order{': ' + '/'.join(exact) if exact else ''}{where}; "
                 "other types int8)")
     if arithmetic() == "float":
         return "float"

@@ -6,8 +6,8 @@ differ from llama.cpp's in the last bits, and on a model with near-tied logits (
 270M) that moves top-1 at some positions. The "llamacpp" arithmetic (runtime.kernels.dispatch)
 runs, per tensor type, a kernel that sums exactly as llama.cpp's CPU backend does on its plain
 buffers: the K-quant row tiles (llama.cpp's tiled kernel, from 8 tokens), the 32-value types'
-blockwise kernels (its vec_dot_*_q8_0 and tinyBLAS_Q0), and for one token of Q4_K and Q6_K the
-kernels below, which mirror ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K of
+blockwise kernels (its vec_dot_*_q8_0 and tinyBLAS_Q0), and for one token of Q4_K, Q5_K and Q6_K the
+kernels below, which mirror ggml_vec_dot_q4_K_q8_K / q5_K_q8_K / q6_K_q8_K of
 ggml-cpu/arch/x86/quants.c (its __AVX2__ path, which AVX-512 builds compile too):
 
 - the integer sums in 8 int32 lanes, lane l holding values 4l .. 4l+3 of every 32-value chunk
@@ -16,8 +16,9 @@ ggml-cpu/arch/x86/quants.c (its __AVX2__ path, which AVX-512 builds compile too)
 - per super-block one fma of the 8 lanes (converted to float) with d = f32(d_x·d_w);
 - Q4_K: the minimums in 4 more lanes, lane k = m[2k]·Σ₃₂x[2k] + m[2k+1]·Σ₃₂x[2k+1], fma'd with
   dmin = f32(−d_x·dmin_w);
+- Q5_K: the minimums as one exact integer per super-block, fma'd with dmin into one float;
 - at the end ``hsum_float_8``: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), Q4_K plus the minimums'
-  (m0+m2)+(m1+m3).
+  (m0+m2)+(m1+m3), Q5_K plus its minimums' float.
 
 Plain numba loops, not vector intrinsics: this mode exists to reproduce llama.cpp, not to race
 it. Hand-written because no library reproduces ggml's rounding order.
@@ -34,9 +35,9 @@ from runtime.kernels.groups import AHEAD, group4, row_at, row_count, store_group
 from runtime.kernels.ir_helpers import fma32
 from runtime.kernels.kq_row_tiles import scale_min_k4
 from runtime.kernels.kq_tiles import f16_le
-from runtime.kernels.kquants import Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES
+from runtime.kernels.kquants import Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS, Q6K_D, Q6K_QH, Q6K_SCALES
 
-GGML_KQ_TYPES = ("q4_k", "q6_k")  # one-token K-quant dot products mirrored here
+GGML_KQ_TYPES = ("q4_k", "q6_k", "q5_k")  # one-token K-quant dot products mirrored here
 GGML_KQ_KIND = {t: i for i, t in enumerate(GGML_KQ_TYPES)}
 # 32-value types whose blockwise kernel (blocks32.BLOCKWISE's order: each block's signed integer
 # dot in 8 int32 lanes, one fma per block, then hsum) is llama.cpp's for any number of tokens
@@ -94,6 +95,45 @@ def dot_q4_k_ggml(p, xq, xd, xb, nsb, lanes, acc, accm, acc32):
 
 
 @njit(cache=True)
+def dot_q5_k_ggml(p, xq, xd, xb, nsb, lanes, acc, acc32):
+    """One row p (the file's Q5_K super-blocks) · one token's Q8_K blocks, as ggml_vec_dot_q5_K_q8_K:
+    Q4_K's lanes with each value's fifth bit from qh; the minimums as one exact integer sum
+    (its hadd of the 4 lanes), fma'd with dmin into a scalar added after hsum_float_8 (GCC
+    contracts its ``summs += dmin * sum`` into that fma)."""
+    acc[:] = 0
+    summs = _F32(0.0)
+    for i in range(nsb):
+        o = i * 176
+        d = _F32(xd[i] * f16_le(p, o))
+        dmin = _F32(-xd[i] * f16_le(p, o + 2))
+        sc = p[o + Q4K_SCALES: o + Q4K_SCALES + 12]
+        msum = np.int32(0)
+        for k in range(8):
+            _, m = scale_min_k4(sc, k)
+            msum += m * (np.int32(xb[i * 16 + 2 * k]) + np.int32(xb[i * 16 + 2 * k + 1]))
+        summs = fma32(dmin, _F32(msum), summs)
+        acc32[:] = 0
+        for j in range(4):  # 64 values: low nibbles sub-block 2j (fifth bit: qh bit 2j), high ones 2j + 1
+            s_lo, _ = scale_min_k4(sc, 2 * j)
+            s_hi, _ = scale_min_k4(sc, 2 * j + 1)
+            q = o + Q5K_QS + 32 * j
+            h = o + Q5K_QH
+            x = i * QK_K + 64 * j
+            b_lo, b_hi = np.int32(2 * j), np.int32(2 * j + 1)
+            for v in range(32):
+                w = np.int32(p[q + v])
+                hb = np.int32(p[h + v])
+                lo = (w & 15) | (((hb >> b_lo) & 1) << 4)
+                hi = (w >> 4) | (((hb >> b_hi) & 1) << 4)
+                acc32[v] += s_lo * lo * np.int32(xq[x + v]) + s_hi * hi * np.int32(xq[x + 32 + v])
+        lanes[:] = 0
+        _lanes(acc32, lanes)
+        for lane in range(8):
+            acc[lane] = fma32(d, _F32(lanes[lane]), acc[lane])
+    return _F32(_hsum8(acc) + summs)
+
+
+@njit(cache=True)
 def dot_q6_k_ggml(p, xq, xd, xb, nsb, lanes, acc, acc32):
     """One row p (the file's Q6_K super-blocks) · one token's Q8_K blocks, as ggml_vec_dot_q6_K_q8_K
     (the integer sums formed per offset first, as ``dot_q4_k_ggml``)."""
@@ -139,8 +179,10 @@ def mm_kq_ggml(W, xq, xd, xb, rows, Y, kind):
         for t in range(T):
             if kind == 0:
                 Y[t, row] = dot_q4_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc, accm, acc32)
-            else:
+            elif kind == 1:
                 Y[t, row] = dot_q6_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc, acc32)
+            else:
+                Y[t, row] = dot_q5_k_ggml(W[row], xq[t], xd[t], xb[t], nsb, lanes, acc, acc32)
 
 
 @njit(parallel=True, cache=True)

@@ -3,8 +3,8 @@
 Two kinds of check: the one-token K-quant kernels against a numpy emulation of
 ggml_vec_dot_q4_K_q8_K / q6_K_q8_K (quants decoded here, tied to gguf-py's dequantization), and
 whole models against llama.cpp itself (its plain CPU buffers, F32 KV cache): a llama with d_model
-256 that llama.cpp quantized to Q4_K_M (Q4_K, Q6_K and Q5_0/Q8_0-free; the real Gemma 3 270M's
-mix in tests/runtime/test_real_model.py), logits bit for bit at one-token and batch sizes.
+256 that llama.cpp quantized to Q4_K_M and to Q5_K_M (Q4_K, Q5_K, Q6_K; the real Gemma 3 270M's
+Q5_0/Q8_0 mix in tests/runtime/test_real_model.py), logits bit for bit at one-token and batch sizes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _random_rows(qtype, n, k, rng):
 
     bpb = gguf.GGML_QUANT_SIZES[qtype][1]
     W = rng.integers(0, 256, (n, k // 256, bpb), dtype=np.uint8)
-    d_at = {gguf.GGMLQuantizationType.Q4_K: (0, 2), gguf.GGMLQuantizationType.Q6_K: (bpb - 2,)}[qtype]
+    d_at = {gguf.GGMLQuantizationType.Q4_K: (0, 2), gguf.GGMLQuantizationType.Q5_K: (0, 2),
+            gguf.GGMLQuantizationType.Q6_K: (bpb - 2,)}[qtype]
     for o in d_at:
         W[..., o:o + 2] = rng.uniform(1e-3, 2e-2, W.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
     return W.reshape(n, -1)
@@ -49,14 +50,18 @@ def _quants(qtype, W, k):
 
     n = W.shape[0]
     B = W.reshape(n, k // 256, -1)
-    if qtype == gguf.GGMLQuantizationType.Q4_K:
+    if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
+        q5 = qtype == gguf.GGMLQuantizationType.Q5_K
         d, dmin = (B[..., o:o + 2].copy().view(np.float16)[..., 0].astype(F32) for o in (0, 2))
         s = B[..., 4:16].astype(np.int32)
         sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
         mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
-        qs = B[..., 16:144].astype(np.int32).reshape(n, k // 256, 4, 32)
-        q = np.stack([qs & 15, qs >> 4], 3).reshape(n, k // 256, 256)  # sub-block 2j low nibbles, 2j + 1 high
-        return q, np.repeat(sc, 32, -1), np.repeat(mn, 32, -1), d, dmin
+        qs = B[..., 48 if q5 else 16:].astype(np.int32).reshape(n, k // 256, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], 3).reshape(n, k // 256, 8, 32)  # sub-block 2j low nibbles, 2j + 1 high
+        if q5:  # bit j of qh[l]: value l of sub-block j, its fifth bit
+            qh = B[..., 16:48].astype(np.int32)
+            q = q | (((qh[..., None, :] >> np.arange(8)[:, None]) & 1) << 4)
+        return q.reshape(n, k // 256, 256), np.repeat(sc, 32, -1), np.repeat(mn, 32, -1), d, dmin
     ql, qh = B[..., :128].astype(np.int32), B[..., 128:192].astype(np.int32)
     sc = B[..., 192:208].view(np.int8).astype(np.int32)
     d = B[..., 208:210].copy().view(np.float16)[..., 0].astype(F32)
@@ -73,7 +78,7 @@ def _ggml_dot(qtype, q, sc, mn, d, dmin, xq, xd, xb):
     """One row · one token as ggml's AVX2 vec_dot sums it (lanes of 4 values of each 32-value chunk)."""
     import gguf
 
-    acc, accm = np.zeros(8, F32), np.zeros(4, F32)
+    acc, accm, summs = np.zeros(8, F32), np.zeros(4, F32), F32(0)
     for i in range(q.shape[0]):
         x = xq[256 * i: 256 * i + 256].astype(np.int64)
         terms = (sc[i] * q[i] * x).reshape(8, 8, 4).sum((0, 2))  # chunk, lane, 4 values
@@ -81,6 +86,9 @@ def _ggml_dot(qtype, q, sc, mn, d, dmin, xq, xd, xb):
         if qtype == gguf.GGMLQuantizationType.Q6_K:
             bs = xb[16 * i: 16 * i + 16].astype(np.int64)
             terms = terms - 32 * (bs * sc[i][::16]).reshape(8, 2).sum(1)
+        elif qtype == gguf.GGMLQuantizationType.Q5_K:  # one integer, one fma into a scalar
+            s32 = xb[16 * i: 16 * i + 16].astype(np.int64).reshape(8, 2).sum(1)
+            summs = _fma(F32(-xd[i] * dmin[i]), F32((mn[i][::32] * s32).sum()), summs)
         else:
             s32 = xb[16 * i: 16 * i + 16].astype(np.int64).reshape(8, 2).sum(1)
             prod = (mn[i][::32] * s32).reshape(4, 2).sum(1)
@@ -89,10 +97,12 @@ def _ggml_dot(qtype, q, sc, mn, d, dmin, xq, xd, xb):
     out = _hsum8(acc)
     if qtype == gguf.GGMLQuantizationType.Q4_K:
         out = F32(out + F32(F32(accm[0] + accm[2]) + F32(accm[1] + accm[3])))
+    if qtype == gguf.GGMLQuantizationType.Q5_K:
+        out = F32(out + summs)
     return out
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_one_token_k_quant_kernels_sum_as_ggml_vec_dot(name):
     import gguf
 
@@ -128,9 +138,10 @@ def test_the_arithmetic_is_a_choice_and_says_what_it_mirrors(arithmetic):
     assert label.startswith("llamacpp") and "Q4_K" in label and "Q5_0" in label and "Q4_1" not in label.split(";")[0]
 
 
-@pytest.fixture(scope="module")
-def q4_k_m_d256(tmp_path_factory):
-    """A d_model-256 llama (random init) that llama.cpp itself quantized to Q4_K_M."""
+@pytest.fixture(scope="module", params=["Q4_K_M", "Q5_K_M"])
+def q4_k_m_d256(tmp_path_factory, request):
+    """A d_model-256 llama (random init) that llama.cpp itself quantized to Q4_K_M (Q4_K and
+    Q6_K matrices) and to Q5_K_M (Q5_K and Q6_K)."""
     pytest.importorskip("llama_cpp")
     from aios.models.aliases import FIXTURES_DIR
     from convert.gguf import GGUFExportConfig, export_gguf
@@ -142,9 +153,9 @@ def q4_k_m_d256(tmp_path_factory):
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=2048)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES_DIR / "tiny-llama" / f, src / f)
-    f16, out = root / "m.f16.gguf", root / "m.Q4_K_M.gguf"
+    f16, out = root / "m.f16.gguf", root / f"m.{request.param}.gguf"
     export_gguf(str(src), f16, GGUFExportConfig("f16"))
-    quantize(f16, out, "Q4_K_M")
+    quantize(f16, out, request.param)
     return out
 
 
@@ -164,7 +175,7 @@ def test_logits_equal_llama_cpps_bit_for_bit(q4_k_m_d256, n, arithmetic):
     import gguf
 
     kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(q4_k_m_d256)).tensors}
-    assert {"Q4_K", "Q6_K"} <= kinds, kinds  # what the test is about
+    assert {"Q4_K", "Q6_K"} <= kinds or {"Q5_K", "Q6_K"} <= kinds, kinds  # what the test is about
     arithmetic("llamacpp")
     ids = list(range(7, 7 + n))
     theirs = llamacpp.logits(q4_k_m_d256, ids, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,

@@ -89,7 +89,7 @@ def _every_kernel():
         if kind in K.INT8_ALL:
             out.append((kind + "_int8", lambda W, X, r, Y, kind=kind: K.mm_block_int8(kind, W, X, r, Y),
                         lambda n, k, kind=kind, vals=vals: random_blocks(kind, n, k // vals, RNG)))
-        if kind in ("q8_0", "q4_0", "q5_0", "q4_k", "q6_k"):  # llama.cpp's order (runtime.kernels.ggml_order)
+        if kind in ("q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k"):  # llama.cpp's order (runtime.kernels.ggml_order)
             out.append((kind + "_llamacpp", lambda W, X, r, Y, kind=kind: _in_arithmetic(
                 "llamacpp", K.mm_block_arith, kind, W, X, r, Y),
                 lambda n, k, kind=kind, vals=vals: random_blocks(kind, n, k // vals, RNG)))
