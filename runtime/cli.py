@@ -23,8 +23,10 @@ MODE_HELP = ("FFN execution: dense, sparse (exact: skip rows of zero activations
 PREDICTOR_HELP = "Predictor file for --mode predict (default: MODEL with suffix .predictor.npz)."
 THREADS_HELP = "Threads for the kernels (default: this machine's physical cores)."
 ARITHMETIC_HELP = ("int8: llama.cpp's arithmetic (block types: activations quantized to 8-bit blocks per "
-                   "matmul, integer dot products; F16 weights: activations rounded to fp16) or float (weights "
-                   "decoded to float, float32 activations: exact to float32 rounding).")
+                   "matmul, integer dot products; F16 weights: activations rounded to fp16), float (weights "
+                   "decoded to float, float32 activations: exact to float32 rounding), int16 (float, two int8 "
+                   "activation planes in the many-token tiles) or llamacpp (int8 with every sum in llama.cpp's "
+                   "order: logits bit-identical to its plain CPU buffers; slower).")
 
 
 @click.group(cls=AiosGroup, epilog=EXIT_CODES_HELP)
