@@ -189,7 +189,9 @@ def mm_kq_ggml(W, xq, xd, xb, rows, Y, kind):
 def mm_b32_ggml(W, xq, xd, xs, rows, Y, kind):
     """Y[t, rows] = W[rows] · x_t for every token t (x as Q8_0 blocks), the blocks of
     GGML_B32_TYPES[kind] summed in llama.cpp's order: ``mm_b32_int8``'s loop over the blockwise
-    kernels."""
+    kernels. A loop of its own rather than two more kinds in ``mm_b32_int8``: that kernel is
+    compiled into every decode step (runtime.decode_block), whose cold start would then compile
+    two more intrinsics that only this arithmetic uses."""
     T = xq.shape[0]
     nb = xd.shape[1]
     n = row_count(rows, W)
