@@ -64,7 +64,6 @@ def main() -> None:
     else:
         path = Path(args.model)
     kernels.set_threads(args.threads)
-    kernels.set_arithmetic(args.arithmetic)
     tok = load_tokenizer(path)
     n = args.windows * args.window
     ids = heldout_ids(tok, n)[:n]
@@ -78,12 +77,12 @@ def main() -> None:
                                n_ctx=args.window, n_batch=args.window, n_threads=args.threads, type_k=ckv, type_v=ckv)
         ours, label = cand.value, f"llama.cpp itself ({cand.config}, KV cache {args.candidate_kv})"
     else:
-        m = Model(path, n_ctx=args.window)
+        m = Model(path, n_ctx=args.window, arithmetic=args.arithmetic)
         ours = []
         for w0 in range(0, len(ids), args.window):
             m.reset()
             ours.append(m.forward(ids[w0:w0 + args.window], all_logits=True))
-        ours, label = np.concatenate(ours), kernels.arithmetic_label()
+        ours, label = np.concatenate(ours), kernels.arithmetic_label(m.arith)
     pick, best = ours.argmax(1), theirs.argmax(1)
     rows = np.arange(len(ids))
     tie = theirs[rows, best] - theirs[rows, pick] <= TIE * np.abs(theirs).max(1)

@@ -35,8 +35,8 @@ from aios.data import load_texts  # noqa: E402
 from aios.models import resolve_model  # noqa: E402
 from contract.checks import r3_aliasing  # noqa: E402
 from contract.checks.base import CheckContext  # noqa: E402
-from convert.alias import AliasConfig, alias  # noqa: E402
-from convert.alias_train import AliasTrainConfig, train_alias  # noqa: E402
+from convert.alias.posthoc import AliasConfig, alias  # noqa: E402
+from convert.alias.train import AliasTrainConfig, train_alias  # noqa: E402
 
 POST_HOC = [  # (zones, delta, min_cosine)
     ("core", "lowrank:8", None),  # the contract's thresholds

@@ -30,7 +30,6 @@ def main() -> None:
     import numpy as np
 
     from aios.reference import llamacpp
-    from runtime import kernels
     from runtime.generate import generate, load_tokenizer
     from runtime.model import Model
 
@@ -51,18 +50,17 @@ def main() -> None:
     else:
         path = Path(args.model)
     tok = load_tokenizer(path)
-    kernels.set_arithmetic(args.arithmetic)
     rows = []
     for text in PROMPTS:
         ids = tok(text)["input_ids"]
-        ours, _ = generate(Model(path, n_ctx=64), ids, args.n)
+        ours, _ = generate(Model(path, n_ctx=64, arithmetic=args.arithmetic), ids, args.n)
         kv = 0 if args.kv == "f32" else 1  # ggml type ids: GGML_TYPE_F32, GGML_TYPE_F16
         theirs = llamacpp.greedy(path, ids, args.n, n_ctx=64, n_batch=64, n_threads=2, type_k=kv, type_v=kv,
                                  plain_only=not args.default_buffers).value
         row = {"prompt": text, "equal": ours == theirs, "ours": tok.decode(ours)}
         if ours != theirs:
             k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-            logits = Model(path, n_ctx=64).forward(ids + ours[:k], all_logits=True)[-1]
+            logits = Model(path, n_ctx=64, arithmetic=args.arithmetic).forward(ids + ours[:k], all_logits=True)[-1]
             row.update(first_difference=k, theirs=tok.decode(theirs),
                        margin=float((logits[ours[k]] - logits[theirs[k]]) / np.abs(logits).max()))
         rows.append(row)

@@ -95,7 +95,7 @@ def main() -> None:
         cases = {k: v for k, v in cases.items() if k in keep}
     probes = stream_bandwidth()
     out: dict = {"stream_probes_gb_s": {k: round(v, 2) for k, v in probes.items()}, "kernels": {},
-                 "int8": K.arithmetic_label({"Q8_0", *(t.upper() for t in K.KQ_INT)})}
+                 "int8": K.arithmetic_label("int8", {"Q8_0", *(t.upper() for t in K.KQ_INT)})}
     stream = max(probes.values())
     for name, (arrays, call, nbytes) in cases.items():
         per = sum(a.nbytes for a in arrays)

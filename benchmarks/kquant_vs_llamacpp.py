@@ -1,4 +1,4 @@
-"""Benchmark: our K-quant encoders (convert/kquants.py) against llama.cpp's on the same tensors.
+"""Benchmark: our K-quant encoders (convert/kquants/) against llama.cpp's on the same tensors.
 
 For each type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and tensor set, both encoders quantize the same
 float32 rows; both results are decoded by gguf-py, and the script reports RMS error, SQNR

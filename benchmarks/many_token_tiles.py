@@ -44,7 +44,8 @@ def _median_ms(f, reps: int) -> float:
 
 
 def one(fmt: str, n: int, k: int, T: int, reps: int, kept: bool, rng) -> dict:
-    from runtime.kernels import amx, dispatch, gemm, kq_tiles, row_tiles
+    from runtime.kernels import dispatch, gemm, kq_tiles, row_tiles
+    from runtime.kernels.kept import kept_unpacked
     from runtime.kernels.quantize import quantize_activations
 
     W = _blocks(fmt, n, k, rng)
@@ -57,9 +58,9 @@ def one(fmt: str, n: int, k: int, T: int, reps: int, kept: bool, rng) -> dict:
         plane = "int16" if two else "int8"
         rows_x = row_tiles.arranged_rows(xq, xd, X if two else None)
         lanes_x = kq_tiles.arranged_two(fmt, X, xq, xd) if two else kq_tiles.arranged(fmt, xq, xd)
-        with amx.kept_unpacked(budget=1 << 40, matrices=[(fmt, n, k)] if kept else []):
-            rows_kept = amx.kept_rows(fmt, W, k, "rows") if kept else None
-            lanes_kept = amx.kept_rows(fmt, W, k, "lanes") if kept else None
+        with kept_unpacked(budget=1 << 40, matrices=[(fmt, n, k)] if kept else []) as store:
+            rows_kept = store.rows(fmt, W, k, "rows") if kept else None
+            lanes_kept = store.rows(fmt, W, k, "lanes") if kept else None
             for form, call in (("rows", lambda Y: row_tiles.mm_rows(fmt, W, rows_x, Y, gemm.CHUNK_VALUES, rows_kept)),
                                ("lanes", lambda Y: kq_tiles.mm_tiles(fmt, W, lanes_x, Y, gemm.CHUNK_VALUES, lanes_kept))):
                 Y = np.empty((T, n), np.float32)

@@ -56,18 +56,19 @@ class OursPrefill:
     """aios-run's prompt step on one file, loaded once: each call evaluates the n-token prompt
     from an empty context and returns {"prefill_tok_s": ...}."""
 
-    def __init__(self, path: Path, n_max: int, all_logits: bool = False) -> None:
+    def __init__(self, path: Path, n_max: int, all_logits: bool = False, arithmetic: str | None = None) -> None:
         from runtime.model import Model
 
         self.all_logits = all_logits
-        self.m = Model(path, mode="dense", n_ctx=n_max + 16)
+        self.m = Model(path, mode="dense", n_ctx=n_max + 16, arithmetic=arithmetic)
         self.vocab = self.m.tok_embd.n_out
+        self.arith = self.m.arith
         if all_logits:  # as runtime.perplexity runs its windows: unpacked rows kept across them
             from runtime.kernels import kept_unpacked
             from runtime.measure import stored_matrices
 
             self._kept = kept_unpacked(matrices=stored_matrices(self.m))
-            self._kept.__enter__()  # until close()
+            self.arith = self.arith.keeping(self._kept.__enter__())  # until close()
         self(64)  # warm-up: pages touched, the GEMM form's kernels loaded from numba's cache
 
     def close(self) -> None:
@@ -75,17 +76,13 @@ class OursPrefill:
             self._kept.__exit__(None, None, None)
 
     def __call__(self, n: int, gemm: bool = True) -> dict:
-        from runtime import kernels
+        from dataclasses import replace
 
         toks = prompt_tokens(n, self.vocab)
-        kernels.set_batched_gemm(gemm)
-        try:
-            self.m.reset()
-            t = time.perf_counter()
-            self.m.forward(toks, all_logits=self.all_logits)
-            return {"prefill_tok_s": n / (time.perf_counter() - t)}
-        finally:
-            kernels.set_batched_gemm(True)
+        self.m.reset()
+        t = time.perf_counter()
+        self.m.forward(toks, all_logits=self.all_logits, arith=replace(self.arith, batched=gemm))
+        return {"prefill_tok_s": n / (time.perf_counter() - t)}
 
 
 def alternated(ours, theirs, n: int, rounds: int) -> dict:
@@ -129,9 +126,9 @@ def resolve(spec: str, work: Path, layers: int) -> Path:
 def one_file(spec: str, path: Path, args) -> dict:
     from runtime import kernels
 
-    ours = OursPrefill(path, args.tokens, args.all_logits)
+    ours = OursPrefill(path, args.tokens, args.all_logits, args.arithmetic)
     row: dict = {"file": spec, "bytes": path.stat().st_size, "tokens": args.tokens, "threads": args.threads,
-                 "arithmetic": kernels.arithmetic_label(), "rounds": args.rounds, "all_logits": args.all_logits}
+                 "arithmetic": kernels.arithmetic_label(ours.arith), "rounds": args.rounds, "all_logits": args.all_logits}
     if args.crossover:
         cross = {}
         for n in (4, 8, 16, 32, 64):
@@ -172,7 +169,6 @@ def main() -> None:
     args = ap.parse_args()
     from runtime import kernels
 
-    kernels.set_arithmetic(args.arithmetic)
     kernels.set_threads(args.threads)
     work = args.keep or Path(tempfile.mkdtemp(prefix="aios-prefill-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -215,7 +215,7 @@ def one_file(path: Path, preset: str, args) -> dict:
     mine = _subprocess(_OURS_RSS, path, args.tokens, args.threads)
     lc = _subprocess(_LLAMA_RSS, path, args.tokens, args.threads, not args.llamacpp_no_repack)
     row = {"preset": preset, "file_bytes": size, "types_2d": dict(sorted(mix.items())),
-           "arithmetic": kernels.arithmetic_label(set(mix)),
+           "arithmetic": kernels.arithmetic_label("int8", set(mix)),
            "tok_s": {"aios_run": round(mine_tok["decode_tok_s"], 2),
                      "llama_cpp": round(p["b"]["decode_tok_s"], 2) if p else None},
            "ratios": p["ratios"] if p else [], "ratio": p["ratio"] if p else None,

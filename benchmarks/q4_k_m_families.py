@@ -105,7 +105,7 @@ def dequantized_logits(path: Path) -> np.ndarray:
     from runtime.model import Model
     from tests.runtime.quant_blocks import dequantized
 
-    return dequantized(Model(path)).forward(IDS, all_logits=True)
+    return dequantized(Model(path, arithmetic="float")).forward(IDS, all_logits=True)
 
 
 def llama_cpp_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, float, dict]:
@@ -126,11 +126,11 @@ def llama_cpp_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, flo
     return np.asarray(ref.value), best, {"logits": ref.config, "decode": lc.config}
 
 
-def ours_run(path: Path, tokens: int, rounds: int) -> tuple[np.ndarray, float]:
+def ours_run(path: Path, tokens: int, rounds: int, arithmetic: str | None = None) -> tuple[np.ndarray, float]:
     from runtime.generate import generate
     from runtime.model import Model
 
-    model = Model(path)
+    model = Model(path, arithmetic=arithmetic)
     logits = model.forward(IDS, all_logits=True)
     best = 0.0
     for _ in range(rounds):
@@ -155,12 +155,10 @@ def one(family: str, work: Path, layers: int, preset: str, tokens: int, rounds: 
     from runtime import kernels
 
     mix = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(q)).tensors)
-    default = kernels.arithmetic()
-    kernels.set_arithmetic("float")  # the decode-exactness reference path
-    exact, _ = ours_run(q, 0, 0)
+    default = kernels.ARITHMETICS[0]  # what aios-run runs by default (int8 where a kernel exists)
+    exact, _ = ours_run(q, 0, 0, "float")  # the decode-exactness reference path
     ref = dequantized_logits(q)
-    kernels.set_arithmetic(default)  # what aios-run runs by default (int8 where a kernel exists)
-    ours, ours_tps = ours_run(q, tokens, rounds)
+    ours, ours_tps = ours_run(q, tokens, rounds, default)
     lc, lc_tps, configs = llama_cpp_run(q, tokens, rounds)
     scale = float(np.abs(ref).max())
     return {"family": family, "layers": layers, "preset": preset, "file_bytes": q.stat().st_size,

@@ -225,16 +225,13 @@ class Ours:
     def __init__(self, path: Path, mode: str, predictor: Path | None = None, arithmetic: str | None = None) -> None:
         from runtime.model import Model
 
-        self.m = Model(path, mode=mode, n_ctx=256, predictor=predictor)
+        self.m = Model(path, mode=mode, n_ctx=256, predictor=predictor, arithmetic=arithmetic)
         self.mode = mode
-        self.arithmetic = arithmetic  # runtime.kernels.set_arithmetic before each run (None: as set)
         self(2)  # warm-up (compiles nothing: numba kernels are cached; touches the pages)
 
     def __call__(self, n: int) -> dict:
         from runtime.generate import generate
 
-        if self.arithmetic is not None:
-            S.set_arithmetic(self.arithmetic)
         m = self.m
         _, tm = generate(m, PROMPT, n)
         density = tm.decode_ffn_nnz / (tm.generated * m.hp.n_layers * m.hp.d_ffn)
@@ -330,7 +327,6 @@ def quant_vs_llamacpp(work: Path, src: Path, arith: list[str], n: int, rounds: i
             p = paired(ours["int8"], ours["float"], n, rounds)
             out[f"ratios_int8_over_float_{t}"], out[f"ratio_int8_over_float_{t}"] = p["ratios"], p["ratio"]
         del theirs, ours
-        S.set_arithmetic(S.ARITHMETICS[0])
 
 
 def main() -> None:
@@ -354,7 +350,7 @@ def main() -> None:
     kinds = [t for t in args.quant_types.split(",") if t]
     if not set(kinds) <= set(QUANT_TYPES):
         ap.error(f"--quant-types: choose from {','.join(QUANT_TYPES)}")
-    out["arithmetic"] = {a: S.arithmetic_label({"Q8_0", "Q4_K", "Q6_K"}) if a == "int8" else "float" for a in arith}
+    out["arithmetic"] = {a: S.arithmetic_label("int8", {"Q8_0", "Q4_K", "Q6_K"}) if a == "int8" else "float" for a in arith}
     n, R = args.tokens, args.rounds
     try:
         dense_src, relu_src = work / "dense-hf", work / "relu-hf"

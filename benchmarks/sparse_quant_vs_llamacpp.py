@@ -275,7 +275,7 @@ def main() -> None:
     n = args.tokens
     context = len(PROMPT) + n // 2  # as aios-run bench: prompt + half the decoded tokens
     out: dict = {"dims": dims, "layers": args.layers, "tokens": args.tokens, "rounds": args.rounds,
-                 "up_rank": args.up_rank or "full (random)", "arithmetic_setting": K.arithmetic(), "projection_context": context, "files": {}}
+                 "up_rank": args.up_rank or "full (random)", "arithmetic_setting": K.ARITHMETICS[0], "projection_context": context, "files": {}}
     t_start = time.perf_counter()
     try:
         src = work / "relu-hf"

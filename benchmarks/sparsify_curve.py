@@ -135,7 +135,7 @@ def main() -> None:
     speed_targets = {float(t) for t in args.speed.split(",") if t}
     targets = [float(t) for t in args.targets.split(",") if t]
     targets += sorted(speed_targets - set(targets))
-    out: dict = {"model": str(src), "arithmetic": K.arithmetic(), "targets": targets, "runs": {}}
+    out: dict = {"model": str(src), "arithmetic": K.ARITHMETICS[0], "targets": targets, "runs": {}}
     t_start = time.perf_counter()
     for site in [s for s in args.sites.split(",") if s]:
         allocations = [a for a in args.allocations.split(",") if a]

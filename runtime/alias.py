@@ -28,6 +28,7 @@ import numpy as np
 
 from aios.errors import InvalidModelError, UsageError
 from aios.models import alias_format as af
+from runtime.kernels.arithmetic import DEFAULT, Arithmetic
 from runtime.sparse_down import NEURON_MAJOR, FactoredRows, NeuronMajorSum, NeuronRows
 from runtime.weights import KERNELS, Matrix, from_gguf_tensor
 
@@ -49,13 +50,13 @@ class AliasedLinear:
     def n_in(self) -> int:
         return self.canonical.n_in
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        y = self.canonical.matmul(X, rows)  # (T, n_out)
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
+        y = self.canonical.matmul(X, rows, arith)  # (T, n_out)
         if self.encoding == "lowrank":
             U, V = self.delta
-            y += U.matmul(V.matmul(X), rows)  # U (n_out, R) · (V (R, n_in) · x)
+            y += U.matmul(V.matmul(X, None, arith), rows, arith)  # U (n_out, R) · (V (R, n_in) · x)
         elif self.delta:
-            y += self.delta[0].matmul(X, rows)
+            y += self.delta[0].matmul(X, rows, arith)
         return y
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:

@@ -12,58 +12,48 @@ The arithmetic is float32 throughout, the softmax's sum in float64: the float pa
 ``ops.attention`` sums q·k in float32 too and p·V in float64; ``ggml_ops.attention`` reproduces
 llama.cpp's one-query kernel bit for bit, which a GEMM cannot (llama.cpp's own batched path
 sums in other orders as well). ``attention_float`` / ``attention_ggml`` (what the model calls)
-take this form where runtime.kernels.gemm.use_gemm says (from GEMM_MIN_TOKENS queries, unless
-switched off), and ``ops.attention`` / ``ggml_ops.attention`` below that.
+take this form where the caller's ``Arithmetic.use_gemm`` says (from GEMM_MIN_TOKENS queries,
+unless its ``batched`` is off), and ``ops.attention`` / ``ggml_ops.attention`` below that.
 """
 
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import numpy as np
 from numba import njit, prange
 
 from runtime import ggml_ops, ops
 from runtime.ggml_ops import exp_shift16, v_expf
-from runtime.kernels.dispatch import arithmetic
-from runtime.kernels.gemm import use_gemm
+from runtime.kernels.arithmetic import Arithmetic
 
 QUERY_CHUNK = 256  # queries per GEMM: the scores (chunk · heads per KV head × keys) stay bounded
 
 # Packed sequences: several independent texts in one forward pass from an empty context (the
 # checker's calibration texts, 75 tokens on average, ran as GEMMs of 75 rows; packed, as GEMMs
-# of up to 512). While ``packed(starts)`` holds, the chunk's token t belongs to the text that
-# starts at the largest start ≤ t: its RoPE position counts from that start (``positions``) and
-# its query sees only that text's keys (``attention_gemm``). Every token of every text is then
-# computed as if its text ran alone, to float32 rounding (tests/runtime/test_attention_gemm.py).
-_PACK: dict = {"starts": None}
+# of up to 512). With ``starts`` (Model.forward's argument), the chunk's token t belongs to the
+# text that starts at the largest start ≤ t: its RoPE position counts from that start
+# (``positions``) and its query sees only that text's keys (``attention_gemm``). Every token of
+# every text is then computed as if its text ran alone, to float32 rounding
+# (tests/runtime/test_attention_gemm.py).
 
 
-@contextmanager
-def packed(starts):
-    """Within the block, a forward pass of a fresh context is the texts beginning at ``starts``
-    (ascending token offsets, the first 0) packed back to back."""
+def packed_starts(starts, T: int) -> np.ndarray:
+    """``starts`` (ascending token offsets, the first 0, all inside a chunk of T tokens) as an
+    int64 array; ValueError otherwise."""
     starts = np.asarray(starts, np.int64)
-    if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any():
-        raise ValueError("packed: starts must ascend from 0")
-    _PACK["starts"] = starts
-    try:
-        yield
-    finally:
-        _PACK["starts"] = None
+    if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= T:
+        raise ValueError("packed: starts must ascend from 0 inside the chunk")
+    return starts
 
 
-def positions(p0: int, T: int) -> np.ndarray:
-    """The positions of T tokens after p0 cached ones: p0 .. p0+T−1, or, packed, each token's
-    offset within its own text (then p0 must be 0 and T at least GEMM_MIN_TOKENS)."""
-    starts = _PACK["starts"]
+def positions(p0: int, T: int, starts: np.ndarray | None = None) -> np.ndarray:
+    """The positions of T tokens after p0 cached ones: p0 .. p0+T−1, or, packed (``starts``),
+    each token's offset within its own text (then p0 must be 0)."""
     if starts is None:
         return np.arange(p0, p0 + T)
-    from runtime.kernels.gemm import use_gemm
-
-    if p0 != 0 or not use_gemm(T) or starts[-1] >= T:
-        raise ValueError("packed texts need a fresh context, the GEMM form and starts inside the chunk")
+    if p0 != 0:
+        raise ValueError("packed texts need a fresh context")
     t = np.arange(T)
     return t - starts[np.searchsorted(starts, t, side="right") - 1]
 
@@ -111,15 +101,16 @@ def _softmax_rows(S, p0, t0, j0, group, scale, window, softcap, cap_first, first
             S[r, c] = 0.0
 
 
-def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: bool = False) -> np.ndarray:
+def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: bool = False,
+                   starts: np.ndarray | None = None) -> np.ndarray:
     """Causal attention of q (T, Hq, hd) at positions p0 .. p0+T−1 over the keys 0 .. p0+T−1 of
     K, V (Hkv, n, hd) (the models' cache layout; GQA by head groups): (T, Hq·hd) float32, the
-    contract of ``ops.attention`` (``cap_first``: ``ggml_ops.attention``'s cap order)."""
+    contract of ``ops.attention`` (``cap_first``: ``ggml_ops.attention``'s cap order; ``starts``:
+    packed texts, each query sees its own text's keys only)."""
     T, Hq, hd = q.shape
     Hkv = K.shape[0]
     group = Hq // Hkv
     out = np.empty((T, Hq, hd), np.float32)
-    starts = _PACK["starts"]
     first_key = np.zeros(0, np.int64)  # per query, the first key of its text (packed texts)
     if starts is not None:
         first_key = p0 + starts[np.searchsorted(starts, np.arange(T), side="right") - 1]
@@ -137,33 +128,29 @@ def attention_gemm(q, K, V, p0: int, scale, window: int, softcap, cap_first: boo
     return out.reshape(T, Hq * hd)
 
 
-# Set by Model.forward for a prompt's last block when only the last token's logits are asked:
-# the attention entry points below then compute the last query only (its K and V, and every
-# other token's, are in the cache already), and the model carries one row on.
-LAST_QUERY = {"on": False}
-
-
-def _last(q, p0):
-    if LAST_QUERY["on"] and q.shape[0] > 1:
+def _last(q, p0, last: bool):
+    """With ``last`` (a prompt's last block when only its last token's logits are asked): the
+    last query alone (its K and V, and every other token's, are in the cache already)."""
+    if last and q.shape[0] > 1:
         return q[-1:], p0 + q.shape[0] - 1
     return q, p0
 
 
-def attention_float(q, K, V, p0, scale, window, softcap):
-    """``ops.attention`` (the float path's) for any number of queries: where ``use_gemm`` says,
-    the GEMM form, scores and weights in float32."""
-    q, p0 = _last(q, p0)
-    if use_gemm(q.shape[0]):
-        return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0)
+def attention_float(q, K, V, p0, scale, window, softcap, arith: Arithmetic, last: bool = False, starts=None):
+    """``ops.attention`` (the float path's) for any number of queries: where ``arith.use_gemm``
+    says, the GEMM form, scores and weights in float32."""
+    q, p0 = _last(q, p0, last)
+    if arith.use_gemm(q.shape[0]):
+        return attention_gemm(q, K, V, p0, scale, window, softcap or 0.0, starts=starts)
     return ops.attention(q, K, V, p0, scale, window, softcap)
 
 
-def attention_ggml(q, K, V, p0, scale, window, softcap):
+def attention_ggml(q, K, V, p0, scale, window, softcap, arith: Arithmetic, last: bool = False, starts=None):
     """``ggml_ops.attention`` (llama.cpp's one-query rounding) for any number of queries: where
-    ``use_gemm`` says, the GEMM form in llama.cpp's cap order (float32 sums in BLAS order);
+    ``arith.use_gemm`` says, the GEMM form in llama.cpp's cap order (float32 sums in BLAS order);
     never under the "llamacpp" arithmetic, whose sums are llama.cpp's batch ones (its batched
     q·k is vec_dot_f32 per pair, its p·V tinyBLAS, as the one-query kernel sums them)."""
-    q, p0 = _last(q, p0)
-    if use_gemm(q.shape[0]) and arithmetic() != "llamacpp":
-        return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True)
+    q, p0 = _last(q, p0, last)
+    if arith.use_gemm(q.shape[0]) and arith.name != "llamacpp":
+        return attention_gemm(q, K, V, p0, scale, window, softcap, cap_first=True, starts=starts)
     return ggml_ops.attention(q, K, V, p0, scale, window, softcap)

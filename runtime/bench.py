@@ -68,11 +68,11 @@ def decode_mb_per_token(tm: Timing) -> dict[str, float]:
 
 
 def model_arithmetic(model: Model) -> str:
-    """The arithmetic the model's matmuls run in, from its tensor types and the process's
-    setting: "int8 (Q8_0 activations, ...)" or "float" (runtime.kernels.arithmetic_label)."""
+    """The arithmetic the model's matmuls run in, from its tensor types and its arithmetic
+    (``model.arith``): "int8 (Q8_0 activations, ...)" or "float" (runtime.kernels.arithmetic_label)."""
     from runtime.kernels import arithmetic_label
 
-    return arithmetic_label({t.tensor_type.name for t in model.reader.tensors})
+    return arithmetic_label(model.arith, {t.tensor_type.name for t in model.reader.tensors})
 
 
 def shares_weights(rows: list[dict]) -> bool:
@@ -105,7 +105,7 @@ def _prediction_stats(model: Model) -> dict:
 
 
 def _cachegrind_rows(rows: list[BenchRow], predictor: str | None, ll_bytes: int | None,
-                     tokens: tuple[int, int], progress) -> dict:
+                     tokens: tuple[int, int], progress, arithmetic: str) -> dict:
     """Simulated DRAM MB/token for every row (valgrind cachegrind; minutes per row)."""
     import shutil
     import tempfile
@@ -123,7 +123,8 @@ def _cachegrind_rows(rows: list[BenchRow], predictor: str | None, ll_bytes: int 
             work = Path(tmp) / str(k)
             work.mkdir()
             res = cachegrind_mb_per_token(r.file, r.mode, n1, n2, ll, work,
-                                          predictor=predictor if r.mode == "predict" else None)
+                                          predictor=predictor if r.mode == "predict" else None,
+                                          arithmetic=arithmetic)
             r.cachegrind_mb_per_token = round(res["mb_per_token"], 6)
             r.cachegrind_kernel_mb_per_token = round(res["kernel_mb_per_token"], 6)
     return {"evidence": "simulated (cachegrind last-level misses x 64-byte lines, slope between two decode "
@@ -199,12 +200,10 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
           predictor: str | None = None, cachegrind: bool = False, ll_bytes: int | None = None,
           cachegrind_tokens: tuple[int, int] = (2, 6), perplexity_tokens: int = 0, progress=None,
           threads: int | None = None, arithmetic: str | None = None) -> dict:
-    from runtime.kernels import set_arithmetic, set_threads
-    from runtime.kernels import arithmetic as arithmetic_now
+    from runtime.kernels import Arithmetic, set_threads
 
     threads = set_threads(threads)  # default: physical cores
-    if arithmetic is not None:  # else the process's setting (default int8)
-        set_arithmetic(arithmetic)
+    arith = Arithmetic.of(arithmetic)  # None: the default (int8)
     modes = modes or ["dense"]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -220,13 +219,14 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
         ids = _prompt_ids(tok, prompt_tokens)
         for mode in modes:
-            model = Model(path, mode="dense")
+            model = Model(path, mode="dense", arithmetic=arith)
             if mode != "dense" and model.hp.activation not in RELU_FAMILY and model.thresholds is None:
                 skipped.append(f"{path.name} [{mode}]: activation '{model.hp.activation}' has no exact zeros")
                 continue
             if mode != "dense":
                 try:
-                    model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None)
+                    model = Model(path, mode=mode, predictor=predictor if mode == "predict" else None,
+                                  arithmetic=arith)
                 except AiosError as e:  # one unsupported (file, mode) pair: skip it, run the rest
                     skipped.append(f"{path.name} [{mode}]: {e.message}")
                     continue
@@ -241,7 +241,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         raise UsageError("Nothing to run: every (file, mode) pair was skipped.")
     cg_settings = None
     if cachegrind:
-        cg_settings = _cachegrind_rows(rows, predictor, ll_bytes, cachegrind_tokens, progress)
+        cg_settings = _cachegrind_rows(rows, predictor, ll_bytes, cachegrind_tokens, progress, arith.name)
     base = rows[0]
     _compare_to_baseline(rows, base.prompt_tokens + n // 2, project)
     return {
@@ -252,7 +252,7 @@ def bench(files: list[str], *, modes: list[str] | None = None, prompt_tokens: in
         "evidence": "measured (software byte counter: bytes the runtime's kernels read)",
         "settings": {"prompt_tokens": prompt_tokens, "new_tokens": n, "chunk": chunk, "modes": modes,
                      "perplexity_tokens": perplexity_tokens, "threads": threads,
-                     "arithmetic": arithmetic_now()},
+                     "arithmetic": arith.name},
         "baseline": {"file": base.file, "mode": base.mode},
         "rows": [asdict(r) for r in rows],
         "skipped": skipped,

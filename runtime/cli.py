@@ -77,20 +77,19 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
 def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k, top_p, seed, n_ctx, tokenizer,
              threads, arithmetic, chat, chat_template) -> None:
     """Generate text from MODEL (.gguf) and print speed and MB/token."""
+    import time
+
     from runtime.bench import decode_mb_per_token, model_arithmetic
     from runtime.generate import Sampling, chat_prompt, load_tokenizer, stop_ids
     from runtime.generate import generate as gen
-    from runtime.kernels import set_arithmetic, set_threads
+    from runtime.kernels import set_threads
     from runtime.model import Model
     from runtime.modes import LOSSY_MODES
 
-    import time
-
     threads = set_threads(threads)
-    set_arithmetic(arithmetic)
     path = Path(model)
     t0 = time.perf_counter()
-    m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor)
+    m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor, arithmetic=arithmetic)
     tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
     chat = chat or chat_template is not None
     if chat:  # the template writes BOS and the turn markers itself
@@ -138,15 +137,13 @@ def warm(models, arithmetic) -> None:
     import time
 
     from runtime import numba_cache_dir
-    from runtime.kernels import set_arithmetic
-    from runtime.kernels.gemm import GEMM_MIN_TOKENS
+    from runtime.kernels import GEMM_MIN_TOKENS
     from runtime.model import Model
     from runtime.perplexity import perplexity
 
-    set_arithmetic(arithmetic)
     for model in models:
         t0 = time.perf_counter()
-        m = Model(Path(model), mode="dense", n_ctx=GEMM_MIN_TOKENS + 2)
+        m = Model(Path(model), mode="dense", n_ctx=GEMM_MIN_TOKENS + 2, arithmetic=arithmetic)
         ids = [1 + i % max(1, m.tok_embd.n_out - 1) for i in range(GEMM_MIN_TOKENS + 1)]
         m.forward(ids[:1])  # a decode step
         m.reset()

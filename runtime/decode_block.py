@@ -203,7 +203,7 @@ def parallel_step(x, positions, p0, layers, out_norm, out_norm_b, eps, layer_nor
 
 # --- the float path: F16 and BF16 matrices, the norms, RoPE and attention of runtime.ops -----------
 # codes: an F16 matrix with x rounded to fp16 (the default arithmetic, ggml's vec_dot_f16), an
-# F16 or a BF16 one with float32 x (``kernels.set_arithmetic("float")``)
+# F16 or a BF16 one with float32 x (the "float" arithmetic)
 F16_HALF_X, F16_FLOAT_X, BF16_FLOAT_X = 200, 201, 202
 SILU, GELU_ERF = 0, 1  # the FFN activation (ops.silu, ops.gelu_erf)
 

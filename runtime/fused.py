@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.kernels.arithmetic import DEFAULT, Arithmetic
 from runtime.weights import Linear
 
 
@@ -32,8 +33,8 @@ class RowSlice:
         own = np.arange(self.n_out, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
         return own + self.start
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        return self.base.matmul(X, self._rows(rows))[:, self.start:self.start + self.n_out]
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
+        return self.base.matmul(X, self._rows(rows), arith)[:, self.start:self.start + self.n_out]
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
         return self.base.reads(self._rows(rows))

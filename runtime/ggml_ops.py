@@ -28,6 +28,9 @@ AVX-512 build (the one llama-cpp-python compiles on this machine), checked again
 The float path keeps runtime/ops.py. A CPU without AVX-512 runs the same arithmetic (llama.cpp's
 AVX2 build sums in 8-lane order there; the difference is a rounding, as before this module).
 Hand-written because no library reproduces ggml's rounding order.
+
+ggml_v_expf and what runs on it (``v_expf``, ``exp_shift16``, ``silu_mul``) are runtime.ggml_expf,
+imported here too.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from runtime.ggml_expf import exp_shift16, expf_lane, silu_mul, silu_mul_rows, v_expf  # noqa: F401  (this module's API)
 from runtime.kernels.ir_helpers import fma32
 
 F32 = np.float32
@@ -49,8 +53,8 @@ def vec_dot_f32(typingctx, x, y):
     """ggml_vec_dot_f32 (AVX-512) of two 1-D float32 arrays of equal length, in its order: four
     16-lane FMA accumulators over 64-value steps, reduced (a0 + a2) + (a1 + a3) and then as
     _mm512_reduce_add_ps, the remaining n % 64 products added one by one (not fused). Written
-    in LLVM IR (strict float ops, no fast-math) so the order is pinned and the steps vectorize;
-    as numba loops over a scratch array it ran ~4× slower."""
+    in LLVM IR (strict float ops, no fast-math) so the order is pinned and the steps vectorize
+    (numba loops over a scratch array were several times slower)."""
     sig = types.float32(x, y)
 
     def codegen(context, builder, signature, args):
@@ -112,29 +116,6 @@ def f16_bits(typingctx, x):
         return builder.zext(builder.bitcast(h, ir.IntType(16)), ir.IntType(64))
 
     return sig, codegen
-
-
-# ggml_v_expf (AVX-512): constants as ggml writes them in hexadecimal
-_R = F32(float.fromhex("0x1.8p23"))
-_LOG2E = F32(float.fromhex("0x1.715476p+0"))
-_LN2_HI = F32(float.fromhex("0x1.62e4p-1"))
-_LN2_LO = F32(float.fromhex("0x1.7f7d1cp-20"))
-_P5, _P4 = F32(float.fromhex("0x1.0e4020p-7")), F32(float.fromhex("0x1.573e2ep-5"))
-_P3, _P2 = F32(float.fromhex("0x1.555e66p-3")), F32(float.fromhex("0x1.fffdb6p-2"))
-_P1, _ONE = F32(float.fromhex("0x1.ffffecp-1")), F32(1.0)
-
-
-@njit(inline="always")
-def v_expf(x):
-    """exp(x) for a float32 x as one lane of ggml_v_expf."""
-    z = fma32(x, _LOG2E, _R)
-    n = z - _R
-    if abs(n) > 192:  # ggml's out-of-range lanes: 0 below, inf above (-inf in: 0 out)
-        return F32(0.0) if n <= 0 else F32(np.inf)
-    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
-    u = b * b
-    j = fma32(fma32(fma32(_P5, b, _P4), u, fma32(_P3, b, _P2)), u, fma32(_P1, b, _ONE))
-    return F32(math.ldexp(np.float64(j), int(n)))  # _mm512_scalef_ps: j·2^n, rounded once
 
 
 @njit(inline="always")
@@ -250,12 +231,12 @@ def attention_inputs(q, k, v, qn, kn, eps, positions, theta_scale, freq_factors,
     The same float32 operations as Model's step by step path (``rms_norm``, ``rope``, then a
     float32 product), so the logits are the same to the bit (tests/runtime/test_model.py). Why
     one call: right after a weight matrix has streamed through the caches, every Python-level
-    operation runs cold; these dozen took ~0.15 ms per layer of a Llama-3.1-8B-dims decode step
-    (AMD EPYC), a ~2 % of the step."""
+    operation runs cold, and these dozen cost a noticeable share of a decode step
+    (docs/benchmarks.md, "Measurements behind code choices")."""
     T, Hq, hd = q.shape
     Hkv = k.shape[1]
     # copies by .copy(), not ``qc[:] = q``: numba's slice assignment brings its shape-mismatch
-    # message (f-strings, str, join), 5 of this function's 8 s of compiling on a fresh cache
+    # message (f-strings, str, join), most of this function's compile time on a fresh cache
     qc = q.copy()
     kc = k.copy()
     if qn.shape[0]:
@@ -335,125 +316,6 @@ def attention(q, K, V, p0, scale, window, softcap):
     return out
 
 
-def _v_expf16(builder, x):
-    """ggml_v_expf on a <16 x float> in LLVM IR, lane for lane ``v_expf``: strict float ops, the
-    FMAs as llvm.fma, _mm512_scalef_ps as a float64 product by 2^n built from its bits (exact;
-    |n| <= 192 there) rounded once to float32, out-of-range lanes selected to 0 or inf."""
-    f = ir.FloatType()
-    v16, d16 = ir.VectorType(f, 16), ir.VectorType(ir.DoubleType(), 16)
-    i64v = ir.VectorType(ir.IntType(64), 16)
-    mod = builder.module
-    fma = mod.globals.get("llvm.fma.v16f32") or ir.Function(mod, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
-
-    def c(val):
-        return ir.Constant(v16, [float(val)] * 16)
-
-    def F(a, b, d):
-        return builder.call(fma, [a, b, d])
-
-    n = builder.fsub(F(x, c(_LOG2E), c(_R)), c(_R))
-    neg = builder.fneg(n)
-    b = F(neg, c(_LN2_LO), F(neg, c(_LN2_HI), x))
-    u = builder.fmul(b, b)
-    j = F(F(F(c(_P5), b, c(_P4)), u, F(c(_P3), b, c(_P2))), u, F(c(_P1), b, c(_ONE)))
-    lo, hi = builder.fcmp_ordered("<", n, c(-192.0)), builder.fcmp_ordered(">", n, c(192.0))
-    ni = builder.fptosi(builder.select(lo, c(-192.0), builder.select(hi, c(192.0), n)), i64v)
-    two_n = builder.bitcast(builder.shl(builder.add(ni, ir.Constant(i64v, [1023] * 16)), ir.Constant(i64v, [52] * 16)), d16)
-    r = builder.fptrunc(builder.fmul(builder.fpext(j, d16), two_n), v16)
-    return builder.select(lo, c(0.0), builder.select(hi, c(np.inf), r))
-
-
-@intrinsic
-def _swiglu16(typingctx, x, g, out):
-    """out[:m] = x/(1 + ggml_v_expf(−x))·g for m = len(x) // 16 · 16, 16 lanes at a time, in
-    ggml_vec_swiglu_f32's order. Written in IR: numba's scalar loop over ``v_expf`` did not
-    vectorize (14336 values: 98 µs, this 8 µs, the same bits)."""
-    sig = types.void(x, g, out)
-
-    def codegen(context, builder, signature, args):
-        from runtime.kernels import array_data, ir_loop
-
-        v16 = ir.VectorType(ir.FloatType(), 16)
-        px, pg, po = (array_data(context, builder, signature.args[k], args[k]) for k in range(3))
-        n = builder.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 0)
-        ity = n.type
-
-        def at(p, i):
-            return builder.bitcast(builder.gep(p, [builder.mul(i, ir.Constant(ity, 16))]), v16.as_pointer())
-
-        def body(i, carry):
-            xv = builder.load(at(px, i), align=4)
-            e = _v_expf16(builder, builder.fneg(xv))
-            silu = builder.fdiv(xv, builder.fadd(ir.Constant(v16, [1.0] * 16), e))
-            builder.store(builder.fmul(silu, builder.load(at(pg, i), align=4)), at(po, i), align=4)
-            return carry
-
-        ir_loop(builder, builder.sdiv(n, ir.Constant(ity, 16)), ir.Constant(ir.IntType(8), 0), body)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def exp_shift16(typingctx, row, top):
-    """row[:m] = ggml_v_expf(row[:m] − top) in place, m = len(row) // 16 · 16, 16 lanes at a time
-    (``_v_expf16``): the many-query softmax's exponentials (runtime.attention_gemm), which as
-    numba's scalar expf calls took 8 ns each. ``row`` must be contiguous."""
-    sig = types.void(row, top)
-
-    def codegen(context, builder, signature, args):
-        from runtime.kernels import array_data, ir_loop
-        from runtime.kernels.ir_helpers import splat
-
-        v16 = ir.VectorType(ir.FloatType(), 16)
-        p = array_data(context, builder, signature.args[0], args[0])
-        n = builder.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 0)
-        ity = n.type
-        tv = splat(builder, args[1], 16)
-
-        def body(i, carry):
-            ptr = builder.bitcast(builder.gep(p, [builder.mul(i, ir.Constant(ity, 16))]), v16.as_pointer())
-            builder.store(_v_expf16(builder, builder.fsub(builder.load(ptr, align=4), tv)), ptr, align=4)
-            return carry
-
-        ir_loop(builder, builder.sdiv(n, ir.Constant(ity, 16)), ir.Constant(ir.IntType(8), 0), body)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@njit(cache=True)
-def _silu_mul(x, g):  # x, g (T, n) f32
-    T, n = x.shape
-    out = np.empty((T, n), F32)
-    n16 = n // 16 * 16
-    for t in range(T):
-        _swiglu16(x[t], g[t], out[t])
-        for j in range(n16, n):
-            v = x[t, j]
-            out[t, j] = (v / (F32(1.0) + F32(math.exp(-v)))) * g[t, j]  # float32 in: expf
-    return out
-
-
-silu_mul_rows = _silu_mul  # the compiled function, for compiled callers (runtime.decode_block)
-
-
-@njit(cache=True)
-def _silu_mul_lanes(x, g):  # _silu_mul through the scalar ``v_expf`` lane (tests)
-    T, n = x.shape
-    out = np.empty((T, n), F32)
-    for t in range(T):
-        for j in range(n // 16 * 16):
-            v = x[t, j]
-            out[t, j] = (v / (F32(1.0) + v_expf(-v))) * g[t, j]
-    return out
-
-
-def silu_mul(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """silu(x)·g as ggml_vec_swiglu_f32 (g = ones gives ggml's plain SiLU on 16-value chunks)."""
-    return _silu_mul(np.ascontiguousarray(x, F32), np.ascontiguousarray(g, F32))
-
-
 def avx512_order() -> bool:
     """Whether llama.cpp built on this CPU takes the AVX-512 paths these functions mirror (its
     ``__AVX512F__ && __AVX512DQ__`` branches): there our logits can equal llama.cpp's bit for
@@ -501,10 +363,3 @@ def theta_scale(base: float, n_dims: int) -> np.float32:
     if _POWF["fn"] is not None:
         return F32(_POWF["fn"](float(F32(base)), float(e)))
     return F32(math.pow(float(F32(base)), float(e)))
-
-
-@njit(cache=True)
-def expf_lane(x):
-    """``v_expf`` callable from Python (tests): one float32 in, its ggml_v_expf lane out."""
-    return v_expf(x)
-

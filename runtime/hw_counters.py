@@ -227,18 +227,18 @@ def cachegrind_mb_per_token(model: str, mode: str, n1: int, n2: int, ll_bytes: i
                             arithmetic: str | None = None) -> dict:
     """Simulated DRAM traffic per decoded token: LL misses × line size, slope between n1 and n2.
 
-    ``arithmetic`` ("int8"/"float"; None: this process's, runtime.kernels.arithmetic(), so
-    ``aios-run bench --arithmetic`` reaches the traced runs) picks the block kernels' arithmetic.
+    ``arithmetic`` (one of runtime.kernels.ARITHMETICS; None: the default; ``aios-run bench
+    --arithmetic`` passes its own, so it reaches the traced runs) picks the block kernels' arithmetic.
     The two runs go side by side (each is one process)."""
     import sys
-
-    from runtime.kernels import arithmetic as arithmetic_now
 
     if not shutil.which("valgrind"):
         raise FileNotFoundError("valgrind is not installed (apt-get install valgrind)")
     env = cachegrind_env()
     extra = [str(predictor)] if predictor else []
-    arithmetic = arithmetic or arithmetic_now()
+    from runtime.kernels import ARITHMETICS
+
+    arithmetic = arithmetic or ARITHMETICS[0]
     arith = ["--arithmetic", arithmetic]
     tag = f"{mode}-{arithmetic}"
     # populate numba's on-disk cache natively for valgrind's CPU, so no run under valgrind compiles

@@ -29,6 +29,7 @@ import numpy as np
 
 from aios import quant
 from aios.errors import InvalidModelError, UsageError
+from runtime.kernels.arithmetic import DEFAULT, Arithmetic
 from runtime.sparse_down import NEURON_MAJOR, FactoredRows, NeuronMajorSum, NeuronRows
 from runtime.weights import Matrix, from_gguf_tensor
 
@@ -75,7 +76,7 @@ class FlatResidual:
         flat.reshape(-1, self.block)[blocks] = vals
         return flat[: self.n_out * self.n_in].reshape(self.n_out, self.n_in)
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
         E = self._values(self._blocks(rows))
         Y = np.zeros((X.shape[0], self.n_out), np.float32)
         r = np.arange(self.n_out) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -107,11 +108,11 @@ class LowRankLinear:
     def rank(self) -> int:
         return self.V.n_out
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        Z = self.V.matmul(X)  # (T, r): every rank component is needed
-        Y = self.U.matmul(Z, rows)  # (T, n_out), only ``rows`` computed
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
+        Z = self.V.matmul(X, None, arith)  # (T, r): every rank component is needed
+        Y = self.U.matmul(Z, rows, arith)  # (T, n_out), only ``rows`` computed
         if self.R is not None:
-            Y += self.R.matmul(X, rows)
+            Y += self.R.matmul(X, rows, arith)
         return Y
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:

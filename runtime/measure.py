@@ -16,20 +16,20 @@ import numpy as np
 from numba import njit
 
 from aios.measure.ffn import FfnActivity
-from runtime import attention_gemm
 from runtime.kernels import kept_unpacked
+from runtime.kernels.arithmetic import DEFAULT, Arithmetic
 
 PACK_TOKENS = 512  # tokens per packed forward pass: the GEMMs' rate is reached (kernels.gemm)
 
 
-def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS, most: int | None = None) -> list[list[int]]:
+def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS, most: int | None = None,
+               arith: Arithmetic = DEFAULT) -> list[list[int]]:
     """The texts (by index, in order) grouped into forward passes of at most ``limit`` tokens
     and ``most`` texts (the callers pass a tenth of the texts, so progress still moves in tenths);
     a text alone where packing cannot run (the GEMM form switched off) or does not pay (a pack
-    shorter than GEMM_MIN_TOKENS runs its texts one by one, each through the one-token path)."""
-    from runtime.kernels.gemm import use_gemm
-
-    if not use_gemm(limit):
+    shorter than GEMM_MIN_TOKENS runs its texts one by one, each through the one-token path), in
+    ``arith`` (whose ``use_gemm`` says where the GEMM form runs)."""
+    if not arith.use_gemm(limit):
         return [[i] for i in range(len(lengths))]
     packs: list[list[int]] = []
     cur: list[int] = []
@@ -42,7 +42,7 @@ def pack_texts(lengths: Sequence[int], limit: int = PACK_TOKENS, most: int | Non
         packs.append(cur)
     out = []
     for p in packs:
-        out.extend([p] if len(p) == 1 or use_gemm(sum(lengths[j] for j in p)) else [[j] for j in p])
+        out.extend([p] if len(p) == 1 or arith.use_gemm(sum(lengths[j] for j in p)) else [[j] for j in p])
     return out
 
 
@@ -83,11 +83,12 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
 
     model.ffn_act_hook = hook
     done = 0
-    with kept_unpacked(matrices=stored_matrices(model)):  # every pass multiplies the same matrices
+    with kept_unpacked(matrices=stored_matrices(model)) as kept:  # every pass multiplies the same matrices
+        arith = model.arith.keeping(kept)
         for pack in packs:
             row_zeros[:] = 0
             at[:] = 0
-            _run_pack(model, encoded, pack)
+            _run_pack(model, encoded, pack, arith)
             start = 0
             for i in pack:  # each text's zeros, for the set estimate
                 n = len(encoded[i])
@@ -110,14 +111,13 @@ def stored_matrices(model) -> list[tuple[str, int, int]]:
     return list({id(p): (p.kind.lower(), p.n_out, p.n_in) for op in ops for p in op.parts()}.values())
 
 
-def _run_pack(model, encoded, pack) -> None:
+def _run_pack(model, encoded, pack, arith: Arithmetic) -> None:
     ids = [t for i in pack for t in encoded[i]]
     model.reset()
     if len(pack) == 1:
-        model.forward(ids)
+        model.forward(ids, arith=arith)
     else:  # the texts back to back, each attending to itself only (runtime.attention_gemm)
-        with attention_gemm.packed(np.cumsum([0] + [len(encoded[i]) for i in pack[:-1]])):
-            model.forward(ids)
+        model.forward(ids, arith=arith, starts=np.cumsum([0] + [len(encoded[i]) for i in pack[:-1]]))
 
 
 @njit(cache=True)

@@ -23,18 +23,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numba
 import numpy as np
 
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.io import sparse_zeros
-from runtime import attention_gemm, decode_block, ggml_ops, gguf_checks, kernels, ops, thresholds
+from runtime import attention_gemm, ggml_ops, gguf_checks, kernels, ops, thresholds
 from runtime.accounting import ByteCounter
 from runtime.activations import GELU_FAMILY, GGML_GELU, GGML_SILU, activation
+from runtime.compiled_routes import CompiledRoutes
 from runtime.extensions import LAYER_HOOKS
 from runtime.hparams import HParams, read_hparams, runtime_row  # noqa: F401  (HParams: part of this module's API)
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
-from runtime.weights import Linear, Matrix, TransposedMatrix, from_gguf_tensor, transpose, vector
+from runtime.weights import Linear, TransposedMatrix, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
@@ -42,7 +42,7 @@ F32 = 4
 _NO_BIAS = np.zeros(0, np.float32)  # layer_norm without a bias
 
 
-class Model:
+class Model(CompiledRoutes):
     """Weights (mmap-backed where possible), KV cache, and the forward pass."""
 
     # the ggml path runs what sits between the kernels as few compiled calls (same arithmetic);
@@ -50,7 +50,12 @@ class Model:
     fused_glue: bool = True
 
     def __init__(self, path: str | Path, mode: str = "dense", n_ctx: int | None = None,
-                 predictor: str | Path | None = None) -> None:
+                 predictor: str | Path | None = None,
+                 arithmetic: str | kernels.Arithmetic | None = None) -> None:
+        """``arithmetic``: how the block kernels multiply (a name of kernels.ARITHMETICS or a
+        kernels.Arithmetic; None: the default, "int8"), for every forward pass that does not
+        pass its own (``forward(..., arith=...)``)."""
+        self.arith = kernels.Arithmetic.of(arithmetic)
         if mode not in MODES:
             raise UsageError(f"Unknown FFN mode '{mode}'; choose from {', '.join(MODES)}.")
         from aios.errors import ModelNotFoundError
@@ -157,21 +162,21 @@ class Model:
             L["kept"] = np.flatnonzero(np.asarray(L["ffn_active"]) > 0).astype(np.int64)
         return L
 
-    def _ggml(self) -> bool:
-        """Whether this forward pass rounds as llama.cpp does: the int8 arithmetic is llama.cpp's,
-        so when it runs (block-typed weights with an int8 kernel, ``--arithmetic int8``) the
-        norms, RoPE, attention and activation are ggml's too (runtime.ggml_ops); the float path
-        keeps runtime.ops, closer to exact."""
-        return self._int8_weights and kernels.arithmetic() in kernels.GGML_ARITHMETICS
+    def _ggml(self, a: kernels.Arithmetic) -> bool:
+        """Whether a forward pass in ``a`` rounds as llama.cpp does: the int8 arithmetic is
+        llama.cpp's, so when it runs (block-typed weights with an int8 kernel, ``--arithmetic
+        int8``) the norms, RoPE, attention and activation are ggml's too (runtime.ggml_ops); the
+        float path keeps runtime.ops, closer to exact."""
+        return self._int8_weights and a.ggml
 
-    def _activation(self) -> str:
+    def _activation(self, a: kernels.Arithmetic) -> str:
         """The FFN activation this forward pass computes: under ``_ggml()`` a GELU-family one is
         ggml's tanh GELU looked up in an fp16 table (``ops.gelu_ggml``) and SiLU is ggml's
         polynomial exp; the float path keeps the checkpoint's own function (HF "gelu" is erf GELU)."""
         name = self.hp.activation
-        if self._ggml() and name in GELU_FAMILY:
+        if self._ggml(a) and name in GELU_FAMILY:
             return GGML_GELU
-        if self._ggml() and name == "silu":
+        if self._ggml(a) and name == "silu":
             return GGML_SILU
         return name
 
@@ -182,19 +187,19 @@ class Model:
         return sum({id(p): p.nbytes for op in ops for p in op.parts()}.values())
 
     # --- pieces --------------------------------------------------------------------
-    def _mm(self, m: Linear, X: np.ndarray, layer: int | None, rows: np.ndarray | None = None,
-            bias: np.ndarray | None = None) -> np.ndarray:
+    def _mm(self, m: Linear, X: np.ndarray, layer: int | None, a: kernels.Arithmetic,
+            rows: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
         for tensor, nbytes in m.reads(rows):
             self.counter.add("weights", nbytes, layer, tensor)
-        y = m.matmul(X, rows)
+        y = m.matmul(X, rows, a)
         if bias is not None:
             self.counter.add("weights", bias.nbytes, layer, m.name + ".bias")
             y += bias
         return y
 
-    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, a: kernels.Arithmetic) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        ggml = self._ggml()
+        ggml = self._ggml(a)
         if self.hp.graph.norm == "layer":
             b = _NO_BIAS if b is None else b
             if ggml:
@@ -204,41 +209,37 @@ class Model:
             return ggml_ops.rms_norm(x, w, np.float32(self.hp.norm_eps))
         return ops.rms_norm(x, w, self.hp.norm_eps)
 
-    def _fuse_norm(self, b: np.ndarray | None) -> bool:
+    def _fuse_norm(self, b: np.ndarray | None, a: kernels.Arithmetic) -> bool:
         """Whether a residual add and the RMS norm after it run as one compiled call."""
-        return self.fused_glue and b is None and self.hp.graph.norm != "layer" and self._ggml()
+        return self.fused_glue and b is None and self.hp.graph.norm != "layer" and self._ggml(a)
 
     def _add_norm(self, x: np.ndarray, y: np.ndarray | None, w: np.ndarray,
-                  b: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                  b: np.ndarray | None, a: kernels.Arithmetic) -> tuple[np.ndarray, np.ndarray]:
         """(x + y, norm(x + y)); y None: (x, norm(x))."""
         if y is None:
-            return x, self._norm(x, w, b)
-        if self._fuse_norm(b):
+            return x, self._norm(x, w, b, a)
+        if self._fuse_norm(b, a):
             return ggml_ops.add_rms_norm(x, y, w, np.float32(self.hp.norm_eps))
         x = x + y
-        return x, self._norm(x, w, b)
+        return x, self._norm(x, w, b, a)
 
-    def _mm_shared(self, L: dict, names: tuple[str, ...], X: np.ndarray, layer: int,
+    def _mm_shared(self, L: dict, names: tuple[str, ...], X: np.ndarray, layer: int, a: kernels.Arithmetic,
                    rows: np.ndarray | None = None) -> list[np.ndarray]:
         """The matmuls ``names`` of one input X; X quantized once for all (``fused_glue``)."""
-        if not self.fused_glue:
-            return [self._mm(L[f"{n}.weight"], X, layer, rows, L.get(f"{n}.bias")) for n in names]
-        kernels.share_input(X)
-        try:
-            return [self._mm(L[f"{n}.weight"], X, layer, rows, L.get(f"{n}.bias")) for n in names]
-        finally:
-            kernels.share_input(None)
+        shared = a.sharing(X) if self.fused_glue else a
+        return [self._mm(L[f"{n}.weight"], X, layer, shared, rows, L.get(f"{n}.bias")) for n in names]
 
-    def _head_norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:  # x (T, H, hd)
+    def _head_norm(self, x: np.ndarray, w: np.ndarray, a: kernels.Arithmetic) -> np.ndarray:  # x (T, H, hd)
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-        if self._ggml():
+        if self._ggml(a):
             return ggml_ops.rms_norm(flat, w, np.float32(self.hp.norm_eps)).reshape(x.shape)
         return ops.rms_norm(flat, w, self.hp.norm_eps).reshape(x.shape)
 
-    def _rope(self, x: np.ndarray, positions: np.ndarray, local: bool = False) -> np.ndarray:  # x (T, H, hd)
+    def _rope(self, x: np.ndarray, positions: np.ndarray, a: kernels.Arithmetic,
+              local: bool = False) -> np.ndarray:  # x (T, H, hd)
         x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
         neox = self.hp.graph.rope == "neox"
-        if self._ggml():
+        if self._ggml(a):
             base = self.hp.rope_base_swa if local else self.hp.rope_base
             ff = self._freq_factors_swa if local else self._freq_factors
             ggml_ops.rope(x, positions.astype(np.int64), ggml_ops.theta_scale(base, self.hp.rope_dims), ff, neox)
@@ -257,121 +258,6 @@ class Model:
                + hp.n_heads * hp.head_dim + (3 if g.gated_ffn else 2) * hp.d_ffn)
         self.counter.add("activations", 2 * vec * F32 * T, layer)
 
-    def _block_plans(self) -> list | None:
-        """Per layer, what ``decode_block``'s blocks take (None where none applies), when a
-        decode step can run its blocks compiled: ``fused_glue``, dense mode, no hooks watching
-        the FFN. The ggml path's blocks (int8 kernels) or the float path's (F16/BF16 matrices).
-        Gathered once per arithmetic."""
-        if not (self.fused_glue and self.mode == "dense" and self.thresholds is None and kernels.arithmetic() != "llamacpp"
-                and self.ffn_input_hook is None and self.ffn_act_hook is None):
-            return None
-        arith = kernels.arithmetic()
-        if self._plans is None or self._plans_arith != arith:
-            act, g = self._activation(), self.hp.graph
-            layer_norms = g.norm == "layer"
-            if self._ggml():
-                self._plans = [decode_block.plan(L, g, layer_norms, act == GGML_SILU, act == GGML_GELU)
-                               for L in self.layers]
-            else:
-                self._plans = [decode_block.float_plan(L, g, layer_norms, act, arith == "int8") for L in self.layers]
-            self._plans_arith = arith
-        return self._plans
-
-    def _compiled_step(self, plans: list) -> tuple | None:
-        """(the step function, its arguments after x, positions and p0, the bytes of the largest
-        matrix, whether positions go in as float64) when a whole decode step runs as one call:
-        every layer has a block plan of one kind, the output matrix has a kernel of that path
-        (an int8 kernel after ``decode_block.step`` / ``parallel_step``, an F16/BF16 one after
-        ``float_step`` / ``float_parallel_step``), nothing comes after the head (no final soft
-        cap), and the layers' arguments are of one numba type. Gathered once per plan list."""
-        if self._step is not None and self._step[0] is plans:
-            return self._step[1]
-        self._step, step = (plans, None), None
-        kinds = {(p.parallel, p.act) for p in plans if p is not None}
-        if (type(self.output) is Matrix and all(p is not None for p in plans) and len(kinds) == 1
-                and not self.hp.final_softcap and self.pos_embd is None):
-            parallel, act = next(iter(kinds))
-            if act is None:  # the int8 blocks
-                head = decode_block.kernel_code(self.output.kind)
-                run = decode_block.parallel_step if parallel else decode_block.step
-                eps, gather = np.float32(self.hp.norm_eps), self._block_args
-            else:  # the float blocks (rows of a multiple of 32 values, as float_plan asks)
-                head = decode_block.float_code(self.output.kind, kernels.arithmetic() == "int8")
-                head = None if self.output.data.shape[1] % 32 else head
-                run = decode_block.float_parallel_step if parallel else decode_block.float_step
-                eps, gather = float(self.hp.norm_eps), self._float_block_args
-            if head is not None:
-                for i, p in enumerate(plans):
-                    gather(i, p)
-                layers = tuple(p.args for p in plans)
-                if len({numba.typeof(a) for a in layers}) == 1:
-                    step = (run, (layers, self.output_norm,
-                                  _NO_BIAS if self.output_norm_b is None else self.output_norm_b, eps,
-                                  self.hp.graph.norm == "layer", self.output.data, head),
-                            max([p.largest for p in plans] + [self.output.nbytes]), act is not None)
-        self._step = (plans, step)
-        return step
-
-    def _block_args(self, layer: int, p) -> None:
-        """Gather ``decode_block.block``'s (or ``parallel_block``'s) arguments after p0 into
-        ``p.args``, once."""
-        hp, g = self.hp, self.hp.graph
-        if p.args is None:  # the layer's constants, once
-            local = hp.swa_layers[layer]
-            scale = ggml_ops.kq_scale(hp.attn_scale)
-            norms = ((p.attn_norm, p.attn_norm_b, p.ffn_norm, p.ffn_norm_b, ops.gelu_table()) if p.parallel
-                     else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
-            p.args = (p.W, p.codes, p.B, *norms, np.float32(hp.norm_eps),
-                      self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
-                      self._freq_factors_swa if local else self._freq_factors, g.rope == "neox", g.rope is not None,
-                      scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
-                      hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
-                      self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim)
-
-    def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
-                        positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """``decode_block.block`` for one token: (x + attention, the FFN output, its nonzeros),
-        bytes counted as the step by step path counts them."""
-        if p.act is not None:
-            return self._compiled_float_block(layer, p, x, rest, positions)
-        self._block_args(layer, p)
-        p0 = int(positions[0])
-        kernels.threads_for(p.largest)  # every matmul and the attention of the block on these
-        run = decode_block.parallel_block if p.parallel else decode_block.block
-        x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions, p0, *p.args)
-        self._count_block(layer, p, p0)
-        return x, ffn, int(nnz)
-
-    def _compiled_float_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
-                              positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """``decode_block.float_block`` (or its parallel form) for one token, as ``_compiled_block``."""
-        self._float_block_args(layer, p)
-        p0 = int(positions[0])
-        kernels.threads_for(p.largest)
-        run = decode_block.float_parallel_block if p.parallel else decode_block.float_block
-        x, ffn, nnz = run(x, self._no_rest if rest is None else rest, positions.astype(np.float64), p0, *p.args)
-        self._count_block(layer, p, p0)
-        return x, ffn, int(nnz)
-
-    def _float_block_args(self, layer: int, p) -> None:
-        """Gather ``decode_block.float_block``'s (or ``float_parallel_block``'s) arguments after
-        p0 into ``p.args``, once."""
-        hp, g = self.hp, self.hp.graph
-        if p.args is None:
-            local = hp.swa_layers[layer]
-            norms = ((p.attn_norm, p.attn_norm_b, p.ffn_norm, p.ffn_norm_b) if p.parallel
-                     else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
-            p.args = (p.W, p.codes, p.B, *norms, float(hp.norm_eps), self._inv_freq_swa if local else self._inv_freq,
-                      g.rope == "neox", g.rope is not None, float(hp.attn_scale), hp.window if local else 0,
-                      float(hp.attn_softcap or 0.0), self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv,
-                      hp.head_dim, p.act)
-
-    def _count_block(self, layer: int, p, p0: int) -> None:
-        """A compiled block's weight and K/V bytes, as the step by step path counts them."""
-        for tensor, nbytes in p.reads:
-            self.counter.add("weights", nbytes, layer, tensor)
-        self._kv_reads(layer, 1, p0 + 1)
-
     def _kv_reads(self, layer: int, T: int, n: int) -> None:
         """Count a chunk of T tokens' K/V writes and the reads of n cached positions; set the threads."""
         hp = self.hp
@@ -380,7 +266,8 @@ class Model:
         self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
         kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
 
-    def _attention_ggml(self, layer: int, L: dict, q, k, v, positions, local: bool) -> np.ndarray:
+    def _attention_ggml(self, layer: int, L: dict, q, k, v, positions, local: bool, a: kernels.Arithmetic,
+                        last: bool, starts) -> np.ndarray:
         """The ggml path from the projections to the attention output in two compiled calls
         (``ggml_ops.attention_inputs``, then ``ggml_ops.attention``): the same arithmetic as the
         step by step path (``fused_glue = False``), with fewer operations run cold after each
@@ -397,10 +284,11 @@ class Model:
             self.k_cache[layer], self.v_cache[layer], p0)
         self._kv_reads(layer, T, p0 + T)
         return attention_gemm.attention_ggml(q, self.k_cache[layer], self.v_cache[layer], p0,
-                                  np.float32(1.0) if g.q_prescale else scale,
-                                  hp.window if hp.swa_layers[layer] else 0, np.float32(hp.attn_softcap or 0.0))
+                                             np.float32(1.0) if g.q_prescale else scale,
+                                             hp.window if hp.swa_layers[layer] else 0,
+                                             np.float32(hp.attn_softcap or 0.0), a, last, starts)
 
-    def _attention(self, layer: int, q, k, v, positions) -> np.ndarray:
+    def _attention(self, layer: int, q, k, v, positions, a: kernels.Arithmetic, last: bool, starts) -> np.ndarray:
         hp, T = self.hp, q.shape[0]
         p0 = int(positions[0])
         self.k_cache[layer, :, p0 : p0 + T] = k.transpose(1, 0, 2)
@@ -408,14 +296,14 @@ class Model:
         n = p0 + T
         self._kv_reads(layer, T, n)
         window = hp.window if hp.swa_layers[layer] else 0
-        if self._ggml():
+        if self._ggml(a):
             scale = ggml_ops.kq_scale(hp.attn_scale)
             if hp.graph.q_prescale:  # llama.cpp scales q, then runs the softmax with scale 1
                 q, scale = q * scale, np.float32(1.0)
             return attention_gemm.attention_ggml(q, self.k_cache[layer], self.v_cache[layer], p0, scale,
-                                      window, np.float32(hp.attn_softcap or 0.0))
-        return attention_gemm.attention_float(q, self.k_cache[layer], self.v_cache[layer], p0, hp.attn_scale, window,
-                             hp.attn_softcap)
+                                                 window, np.float32(hp.attn_softcap or 0.0), a, last, starts)
+        return attention_gemm.attention_float(q, self.k_cache[layer], self.v_cache[layer], p0, hp.attn_scale,
+                                              window, hp.attn_softcap, a, last, starts)
 
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:
         p = self.predictor.layers[layer]
@@ -424,7 +312,7 @@ class Model:
             guess = p.predict(h)
         return np.flatnonzero(guess.any(0)).astype(np.int64)  # union over the chunk
 
-    def _ffn(self, L: dict, h: np.ndarray, layer: int) -> tuple[np.ndarray, int]:
+    def _ffn(self, L: dict, h: np.ndarray, layer: int, a: kernels.Arithmetic) -> tuple[np.ndarray, int]:
         hp = self.hp
         if self.ffn_input_hook is not None:
             self.ffn_input_hook(layer, h)
@@ -434,42 +322,43 @@ class Model:
             if self.measure_fnr and h.shape[0] == 1:  # decode steps only (prefill reads a union)
                 self._score_prediction(L, h, rows)
         cuts = self.thresholds
-        if "ffn_gate.weight" in L and self.mode == "dense" and self._activation() == GGML_SILU and cuts is None:
+        act = self._activation(a)
+        if "ffn_gate.weight" in L and self.mode == "dense" and act == GGML_SILU and cuts is None:
             # ggml's SwiGLU in one pass: silu(gate)·up, the bits of silu(gate)·1 then ·up
-            a = ggml_ops.silu_mul(*self._mm_shared(L, ("ffn_gate", "ffn_up"), h, layer, rows))
+            y = ggml_ops.silu_mul(*self._mm_shared(L, ("ffn_gate", "ffn_up"), h, layer, a, rows))
         elif "ffn_gate.weight" in L:
-            g = activation(self._activation(), self._mm(L["ffn_gate.weight"], h, layer, rows, L.get("ffn_gate.bias")),
-                     hp.activation_threshold)
+            g = activation(act, self._mm(L["ffn_gate.weight"], h, layer, a, rows, L.get("ffn_gate.bias")),
+                           hp.activation_threshold)
             if cuts is not None and cuts.site == "gate":
                 g = cuts.cut(g, layer)
             if self.mode != "dense":
                 # gate first: a = act(gate)·up is exactly 0 wherever act(gate) is, so only the up
                 # rows with a nonzero gate in some token of the chunk are read (exact, not a guess)
                 rows = np.flatnonzero(g.any(0)).astype(np.int64)
-            a = g * self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias"))
+            y = g * self._mm(L["ffn_up.weight"], h, layer, a, rows, L.get("ffn_up.bias"))
         else:
-            a = activation(self._activation(), self._mm(L["ffn_up.weight"], h, layer, rows, L.get("ffn_up.bias")),
-                     hp.activation_threshold)
-        a = a.astype(np.float32, copy=False)
+            y = activation(act, self._mm(L["ffn_up.weight"], h, layer, a, rows, L.get("ffn_up.bias")),
+                           hp.activation_threshold)
+        y = y.astype(np.float32, copy=False)
         if cuts is not None and cuts.site == "down_in":
-            a = cuts.cut(a, layer)
+            y = cuts.cut(y, layer)
         if rows is not None:
             keep = np.zeros(hp.d_ffn, bool)
             keep[rows] = True
-            a[:, ~keep] = 0
-        nnz = int(np.count_nonzero(a))
+            y[:, ~keep] = 0
+        nnz = int(np.count_nonzero(y))
         if self.ffn_act_hook is not None:
-            self.ffn_act_hook(layer, a)
+            self.ffn_act_hook(layer, y)
         down_b = L.get("ffn_down.bias")
         if self.mode == "dense":
-            return self._mm(L["ffn_down.weight"], a, layer, bias=down_b), nnz
+            return self._mm(L["ffn_down.weight"], y, layer, a, bias=down_b), nnz
         Dt: TransposedMatrix = L["ffn_down.T"]
-        out = np.empty((a.shape[0], hp.d_model), np.float32)
-        for t in range(a.shape[0]):
-            active = np.flatnonzero(a[t]).astype(np.int64)
+        out = np.empty((y.shape[0], hp.d_model), np.float32)
+        for t in range(y.shape[0]):
+            active = np.flatnonzero(y[t]).astype(np.int64)
             for tensor, nbytes in Dt.sparse_reads(active):  # the stored rows touched, per tensor
                 self.counter.add("weights", nbytes, layer, tensor)
-            out[t] = Dt.sparse_matvec(a[t], active)
+            out[t] = Dt.sparse_matvec(y[t], active, a)
         if down_b is not None:
             self.counter.add("weights", down_b.nbytes, layer, "ffn_down.bias")
             out += down_b
@@ -495,14 +384,24 @@ class Model:
     def reset(self) -> None:
         self.pos = 0
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
-        """Run ``tokens`` as one chunk after the cached context; logits (T or 1, vocab)."""
-        hp = self.hp
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, *,
+                arith: kernels.Arithmetic | None = None, starts=None) -> np.ndarray:
+        """Run ``tokens`` as one chunk after the cached context; logits (T or 1, vocab).
+
+        ``arith``: this pass's arithmetic (None: the model's, ``self.arith``). ``starts``: the
+        chunk is several texts packed back to back from an empty context, beginning at these
+        token offsets (ascending from 0; needs the GEMM form): each token is computed as if its
+        text ran alone (runtime.attention_gemm)."""
+        hp, a = self.hp, self.arith if arith is None else arith
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
         if self.pos + T > hp.n_ctx:
             raise UsageError(f"Context full: {self.pos + T} tokens exceed the context of {hp.n_ctx}.")
-        positions = attention_gemm.positions(self.pos, T)  # (packed texts: each from 0)
+        if starts is not None:
+            starts = attention_gemm.packed_starts(starts, T)
+            if not a.use_gemm(T):
+                raise ValueError("packed texts need the GEMM form (a batched arithmetic, GEMM_MIN_TOKENS tokens)")
+        positions = attention_gemm.positions(self.pos, T, starts)  # (packed texts: each from 0)
         x = self.tok_embd.rows_f32(tokens)  # (T, d_model): one stored row read per token
         if hp.graph.embed_scale:  # Gemma: embeddings scaled by sqrt(d_model)
             x *= np.float32(math.sqrt(hp.d_model))
@@ -512,8 +411,8 @@ class Model:
             self.counter.add("weights", T * self.pos_embd.row_bytes, None, self.pos_embd.name)
         self.ffn_nnz = 0
         rest = None  # the last branch output not yet added to x (added with the next norm)
-        plans = self._block_plans() if T == 1 else None
-        step = self._compiled_step(plans) if plans is not None else None
+        plans = self._block_plans(a) if T == 1 else None
+        step = self._compiled_step(plans, a) if plans is not None else None
         if step is not None:  # the blocks and the head as one compiled call
             run, args, largest, float_positions = step
             p0 = int(positions[0])
@@ -533,62 +432,61 @@ class Model:
                      and self.ffn_input_hook is None and self.ffn_act_hook is None)
         for i, L in enumerate(self.layers):
             g = hp.graph
-            attention_gemm.LAST_QUERY["on"] = last_only and i == hp.n_layers - 1
+            last = last_only and i == hp.n_layers - 1  # the last query alone (attention_gemm)
             if plans is not None and plans[i] is not None:  # the whole block as one compiled call
                 x, rest, nnz = self._compiled_block(i, plans[i], x, rest, positions)
                 self._count_activations(i, T)
                 self.ffn_nnz += nnz
                 continue
-            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"))
+            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"), a)
             if g.fused_qkv:
-                qkv = self._mm(L["attn_qkv.weight"], h, i, bias=L.get("attn_qkv.bias"))
+                qkv = self._mm(L["attn_qkv.weight"], h, i, a, bias=L.get("attn_qkv.bias"))
                 q = qkv[:, : hp.n_heads * hp.head_dim]
                 k = qkv[:, hp.n_heads * hp.head_dim : (hp.n_heads + hp.n_kv) * hp.head_dim]
                 v = qkv[:, (hp.n_heads + hp.n_kv) * hp.head_dim :]
             else:
-                q, k, v = self._mm_shared(L, ("attn_q", "attn_k", "attn_v"), h, i)
+                q, k, v = self._mm_shared(L, ("attn_q", "attn_k", "attn_v"), h, i, a)
             q = q.reshape(T, hp.n_heads, hp.head_dim)
             k = k.reshape(T, hp.n_kv, hp.head_dim)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
             local = hp.swa_layers[i]
-            if self.fused_glue and self._ggml():
-                a = self._attention_ggml(i, L, q, k, v, positions, local)
+            if self.fused_glue and self._ggml(a):
+                o = self._attention_ggml(i, L, q, k, v, positions, local, a, last, starts)
             else:
                 if g.qk_norm:  # RMSNorm over each head's vector, before RoPE
-                    q = self._head_norm(q, L["attn_q_norm.weight"])
-                    k = self._head_norm(k, L["attn_k_norm.weight"])
+                    q = self._head_norm(q, L["attn_q_norm.weight"], a)
+                    k = self._head_norm(k, L["attn_k_norm.weight"], a)
                 if g.rope is not None:  # (learned positions were added to the embeddings)
-                    q = self._rope(q, positions, local)
-                    k = self._rope(k, positions, local)
-                a = self._attention(i, q, k, v, positions)
-            x, h = (x[-1:], h[-1:]) if a.shape[0] < T else (x, h)  # LAST_QUERY: one row on from here
-            attn = self._mm(L["attn_output.weight"], a, i, bias=L.get("attn_output.bias"))
+                    q = self._rope(q, positions, a, local)
+                    k = self._rope(k, positions, a, local)
+                o = self._attention(i, q, k, v, positions, a, last, starts)
+            x, h = (x[-1:], h[-1:]) if o.shape[0] < T else (x, h)  # the last query alone: one row on from here
+            attn = self._mm(L["attn_output.weight"], o, i, a, bias=L.get("attn_output.bias"))
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
-                attn = self._norm(attn, L["post_attention_norm.weight"], None)
+                attn = self._norm(attn, L["post_attention_norm.weight"], None, a)
             if g.parallel_attn_default:  # parallel attention and MLP on the same input x
                 if g.parallel_ffn_norm:  # the MLP's own norm of x (Falcon-40B's ln_mlp)
                     n2 = g.parallel_ffn_norm
-                    h = self._norm(x, L[f"{n2}.weight"], L.get(f"{n2}.bias"))
-                ffn, nnz = self._ffn(L, h, i)
+                    h = self._norm(x, L[f"{n2}.weight"], L.get(f"{n2}.bias"), a)
+                ffn, nnz = self._ffn(L, h, i, a)
                 x, rest = x + attn, ffn  # (x + attn) + ffn, in that order
             else:
-                x, h2 = self._add_norm(x, attn, L["ffn_norm.weight"], L.get("ffn_norm.bias"))
-                ffn, nnz = self._ffn(L, h2, i)
+                x, h2 = self._add_norm(x, attn, L["ffn_norm.weight"], L.get("ffn_norm.bias"), a)
+                ffn, nnz = self._ffn(L, h2, i, a)
                 if g.post_norms:
-                    ffn = self._norm(ffn, L["post_ffw_norm.weight"], None)
+                    ffn = self._norm(ffn, L["post_ffw_norm.weight"], None, a)
                 rest = ffn
             self.ffn_nnz += nnz
             self._count_activations(i, T)
         self.pos += T
-        if rest is not None and self._fuse_norm(self.output_norm_b):  # every row normed, the last kept
-            x, out = self._add_norm(x, rest, self.output_norm, self.output_norm_b)
+        if rest is not None and self._fuse_norm(self.output_norm_b, a):  # every row normed, the last kept
+            x, out = self._add_norm(x, rest, self.output_norm, self.output_norm_b, a)
             out = out if all_logits else out[-1:]
         else:
             x = x if rest is None else x + rest
             x = x if all_logits else x[-1:]
-            out = self._norm(x, self.output_norm, self.output_norm_b)
-        with kernels.output_head():  # int16: one activation plane here (runtime.kernels.dispatch)
-            logits = self._mm(self.output, out, None)
+            out = self._norm(x, self.output_norm, self.output_norm_b, a)
+        logits = self._mm(self.output, out, None, a.for_head())  # int16: one activation plane here
         if hp.final_softcap:  # Gemma 2: cap·tanh(logits / cap)
             logits = (hp.final_softcap * np.tanh(logits / hp.final_softcap)).astype(np.float32)
         return logits

@@ -61,7 +61,7 @@ def target_nll(logits, targets):
     return out.sum()
 
 
-PERPLEXITY_ARITHMETIC = "int16"  # float results (runtime.kernels.set_arithmetic), the AMX tiles' speed
+PERPLEXITY_ARITHMETIC = "int16"  # float results (runtime.kernels.Arithmetic), the integer tiles' speed
 
 
 def perplexity(model, ids: list[int], window: int = 128, per_token: bool = False,
@@ -72,28 +72,25 @@ def perplexity(model, ids: list[int], window: int = 128, per_token: bool = False
     ``arithmetic``: the block kernels' arithmetic for the run ("int16" by default: the float
     path's results, within 0.03 % of its perplexity on the real Gemma 3 270M, where llama.cpp's
     int8 rounding of the activations moves it by ~1.8 %; the AMX tiles run it where the CPU has
-    them, the float path elsewhere); None keeps the process's."""
-    from runtime import kernels
+    them, the float path elsewhere); None: the model's own (``model.arith``). Passed to each
+    forward pass; the model's own arithmetic is left as it is."""
+    from dataclasses import replace
+
     from runtime.kernels import kept_unpacked
     from runtime.measure import stored_matrices
 
-    before = kernels.arithmetic()
-    if arithmetic is not None:
-        kernels.set_arithmetic(arithmetic)
+    own = model.arith
+    arith = own if arithmetic is None else replace(own, name=arithmetic)
     enabled = model.counter.enabled
     model.counter.enabled = False
-    nll, count = 0.0, 0
-    try:
-        # (a stand-in for Model without its matrices, e.g. a test's wrapper: sized by the budget alone)
-        with kept_unpacked(matrices=stored_matrices(model) if hasattr(model, "layers") else None):
-            nll, count = _windows(model, ids, window, per_token, enabled)
-    finally:
-        kernels.set_arithmetic(before)
+    # (a stand-in for Model without its matrices, e.g. a test's wrapper: sized by the budget alone)
+    with kept_unpacked(matrices=stored_matrices(model) if hasattr(model, "layers") else None) as kept:
+        nll, count = _windows(model, ids, window, per_token, enabled, arith.keeping(kept))
     return {"perplexity": math.exp(nll / max(1, count)), "tokens_scored": count, "window": window,
-            "per_token": per_token, "arithmetic": kernels.arithmetic() if arithmetic is None else arithmetic}
+            "per_token": per_token, "arithmetic": arith.name}
 
 
-def _windows(model, ids, window, per_token, enabled) -> tuple[float, int]:
+def _windows(model, ids, window, per_token, enabled, arith) -> tuple[float, int]:
     nll, count = 0.0, 0
     try:
         for w0 in range(0, len(ids) - 1, window):
@@ -102,9 +99,9 @@ def _windows(model, ids, window, per_token, enabled) -> tuple[float, int]:
                 break
             model.reset()
             if per_token:
-                logits = np.concatenate([model.forward([t]) for t in chunk[:-1]])
+                logits = np.concatenate([model.forward([t], arith=arith) for t in chunk[:-1]])
             else:
-                logits = model.forward(chunk, all_logits=True)[:-1]
+                logits = model.forward(chunk, all_logits=True, arith=arith)[:-1]
             nll += float(target_nll(np.ascontiguousarray(logits, np.float32), np.asarray(chunk[1:], np.int64)))
             count += len(chunk) - 1
     finally:

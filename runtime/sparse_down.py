@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime import kernels as K
+from runtime.kernels.arithmetic import DEFAULT, Arithmetic
 from runtime.weights import KERNELS, Matrix
 
 NEURON_MAJOR = ".t"  # suffix of a tensor stored neuron-major (d_ffn rows), after the name it replaces
@@ -60,11 +61,11 @@ class NeuronRows:
     def row_bytes(self) -> int:
         return self.m.row_bytes
 
-    def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
+    def sparse_matvec(self, a: np.ndarray, active: np.ndarray, arith: Arithmetic = DEFAULT) -> np.ndarray:
         """y (d_model,) = Σ_j a[j] · row_j over ``active`` neurons; reads only those rows."""
         spec = KERNELS[self.m.kind]
         # float rows (F32/F16/BF16), or every block type's blocks read in place (kernels.sparse_block_rows):
-        # a float axpy, a[j] times the row's decoded values, whatever the process's arithmetic
+        # a float axpy, a[j] times the row's decoded values, whatever the arithmetic
         kernel = spec.sparse or spec.sparse_blocks
         if kernel is None:
             return self._decode_rows_matvec(a, active)
@@ -79,13 +80,13 @@ class NeuronRows:
         rows = self.m.rows_f32(active)  # (k, d_model) decoded from the active rows' blocks only
         return (a[active].astype(np.float64) @ rows.astype(np.float64)).astype(np.float32)
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
         assert rows is None, "the down projection is never computed for a subset of its outputs"
         X = np.ascontiguousarray(X, dtype=np.float32)
         Y = np.empty((X.shape[0], self.n_out), np.float32)
         every = np.arange(self.n_in, dtype=np.int64)
         for t in range(X.shape[0]):
-            Y[t] = self.sparse_matvec(X[t], every)
+            Y[t] = self.sparse_matvec(X[t], every, arith)
         return Y
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
@@ -121,20 +122,20 @@ class FactoredRows:
     def n_in(self) -> int:
         return self.Vt.n_in
 
-    def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
+    def sparse_matvec(self, a: np.ndarray, active: np.ndarray, arith: Arithmetic = DEFAULT) -> np.ndarray:
         if len(active) == 0:
             return np.zeros(self.n_out, np.float32)
-        z = self.Vt.sparse_matvec(a, active)  # (R,)
-        return self.U.matmul(z[None, :])[0]
+        z = self.Vt.sparse_matvec(a, active, arith)  # (R,)
+        return self.U.matmul(z[None, :], None, arith)[0]
 
     def sparse_reads(self, active: np.ndarray) -> list[tuple[str, int]]:
         if len(active) == 0:
             return []
         return self.Vt.sparse_reads(active) + self.U.reads(None)
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
         assert rows is None, "the down projection is never computed for a subset of its outputs"
-        return self.U.matmul(self.Vt.matmul(X))
+        return self.U.matmul(self.Vt.matmul(X, None, arith), None, arith)
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
         return self.Vt.reads(None) + self.U.reads(None)
@@ -163,19 +164,19 @@ class NeuronMajorSum:
     def n_in(self) -> int:
         return self.terms[0].n_in
 
-    def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
-        y = self.terms[0].sparse_matvec(a, active)
+    def sparse_matvec(self, a: np.ndarray, active: np.ndarray, arith: Arithmetic = DEFAULT) -> np.ndarray:
+        y = self.terms[0].sparse_matvec(a, active, arith)
         for t in self.terms[1:]:
-            y += t.sparse_matvec(a, active)
+            y += t.sparse_matvec(a, active, arith)
         return y
 
     def sparse_reads(self, active: np.ndarray) -> list[tuple[str, int]]:
         return [r for t in self.terms for r in t.sparse_reads(active)]
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        Y = self.terms[0].matmul(X, rows)
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None, arith: Arithmetic = DEFAULT) -> np.ndarray:
+        Y = self.terms[0].matmul(X, rows, arith)
         for t in self.terms[1:]:
-            Y += t.matmul(X, rows)
+            Y += t.matmul(X, rows, arith)
         return Y
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]:

@@ -4,8 +4,8 @@
 
 Prefills token ids 1..PROMPT_TOKENS and decodes N_NEW tokens greedily. Tools run it at two
 values of N_NEW and take the slope, so start-up, load and prefill cancel. ``--arithmetic``
-picks the block kernels' arithmetic (runtime.kernels.set_arithmetic; default: the process
-default, int8), as ``aios-run generate/bench --arithmetic`` does.
+picks the block kernels' arithmetic (``Model(..., arithmetic=...)``; default int8), as
+``aios-run generate/bench --arithmetic`` does.
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     try:
         from runtime.generate import generate
-        from runtime.kernels import set_arithmetic
         from runtime.model import Model
 
-        if args.arithmetic:
-            set_arithmetic(args.arithmetic)
-        model = Model(args.model, mode=args.mode, predictor=args.predictor)
+        model = Model(args.model, mode=args.mode, predictor=args.predictor, arithmetic=args.arithmetic)
         model.counter.enabled = False
         generate(model, list(range(1, args.prompt_tokens + 1)), args.n_new)
     except AiosError as e:

@@ -24,7 +24,8 @@ class Linear(Protocol):
     n_out: int
     n_in: int
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray: ...
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None,
+               arith: K.Arithmetic = K.DEFAULT) -> np.ndarray: ...
 
     def reads(self, rows: np.ndarray | None = None) -> list[tuple[str, int]]: ...
 
@@ -60,14 +61,15 @@ class Matrix:
         """The stored matrices behind this operator (itself); composites list several."""
         return [self]
 
-    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """Y (T, n_out) = X (T, n_in) @ Wᵀ; only ``rows`` are computed (others stay 0)."""
+    def matmul(self, X: np.ndarray, rows: np.ndarray | None = None,
+               arith: K.Arithmetic = K.DEFAULT) -> np.ndarray:
+        """Y (T, n_out) = X (T, n_in) @ Wᵀ in ``arith``; only ``rows`` are computed (others stay 0)."""
         X = np.ascontiguousarray(X, dtype=np.float32)
         assert X.shape[1] == self.n_in, (self.name, X.shape, self.n_in)
         # every row written (the kernels' rows=None: indices computed, not loaded): no zeroing
         Y = (np.empty if rows is None else np.zeros)((X.shape[0], self.n_out), np.float32)
         K.threads_for((self.n_out if rows is None else len(rows)) * self.row_bytes * X.shape[0])
-        KERNELS[self.kind].matmul(self, X, rows, Y)
+        KERNELS[self.kind].matmul(self, X, rows, Y, arith)
         return Y
 
     def rows_f32(self, rows: np.ndarray) -> np.ndarray:
@@ -95,7 +97,8 @@ class TransposedMatrix:
     def row_bytes(self) -> int:
         return self.data.shape[1] * self.data.itemsize
 
-    def sparse_matvec(self, a: np.ndarray, active: np.ndarray) -> np.ndarray:
+    def sparse_matvec(self, a: np.ndarray, active: np.ndarray, arith: K.Arithmetic = K.DEFAULT) -> np.ndarray:
+        """y = Σ_j a[j]·row_j over ``active``: a float axpy in any arithmetic (``arith`` unused)."""
         y = np.empty(self.data.shape[1], np.float32)
         K.threads_for(len(active) * self.row_bytes)
         KERNELS[self.kind].sparse(self.data, a, active, y)
@@ -126,7 +129,7 @@ class KernelSpec:
 
     layout: Layout
     load: Callable[[str, np.ndarray, int, int], np.ndarray]  # (kind, raw, n_out, n_in) -> Matrix.data
-    matmul: Callable[[Matrix, np.ndarray, np.ndarray | None, np.ndarray], None]  # (m, X, rows or None: all, Y)
+    matmul: Callable[[Matrix, np.ndarray, np.ndarray | None, np.ndarray, K.Arithmetic], None]  # (m, X, rows or None: all, Y, arith)
     dense: Callable[[Matrix], np.ndarray]  # the float32 (n_out, n_in) values
     rows: Callable[[Matrix, np.ndarray], np.ndarray]  # float32 values of selected rows (embeddings)
     sparse: Callable[..., None] | None = None  # sparse_rows_* over Wᵀ (float element types only)
@@ -159,24 +162,24 @@ def _dense_blocks(m: Matrix) -> np.ndarray:
 
 
 def _blocks(kind: str) -> KernelSpec:
-    """The entry of a block type: rows of the file's blocks, multiplied by ``K.mm_block_arith``
-    (the 32-value types with int8-quantized activations unless ``K.set_arithmetic("float")``)."""
+    """The entry of a block type: rows of the file's blocks, multiplied by ``K.mm_block_arith`` in
+    the caller's arithmetic."""
     fmt = kind.lower()
     assert fmt in K.BLOCK_TYPES, kind
 
-    def matmul(m: Matrix, X: np.ndarray, r: np.ndarray | None, Y: np.ndarray) -> None:
-        K.mm_block_arith(fmt, m.data, X, r, Y)  # int8 or float activations (K.set_arithmetic)
+    def matmul(m: Matrix, X: np.ndarray, r: np.ndarray | None, Y: np.ndarray, arith: K.Arithmetic) -> None:
+        K.mm_block_arith(fmt, m.data, X, r, Y, arith)
 
     return KernelSpec("blocks", _load_blocks, matmul, _dense_blocks, _rows_blocks)
 
 
 KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPPORTED_TYPES
-    "F32": KernelSpec("elements", _load_f32, lambda m, X, r, Y: K.mm_f32(m.data, X, r, Y),
+    "F32": KernelSpec("elements", _load_f32, lambda m, X, r, Y, a: K.mm_f32(m.data, X, r, Y),
                       lambda m: np.array(m.data), lambda m, r: np.array(m.data[r], dtype=np.float32),
                       K.sparse_rows_f32),
-    "F16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_f16_arith(m.data, X, r, Y),
+    "F16": KernelSpec("elements", _load_u16, lambda m, X, r, Y, a: K.mm_f16_arith(m.data, X, r, Y, a),
                       lambda m: K.LUT_F16[m.data], lambda m, r: K.LUT_F16[m.data[r]], K.sparse_rows_f16),
-    "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y: K.mm_bf16(m.data, X, r, Y),
+    "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y, a: K.mm_bf16(m.data, X, r, Y),
                        lambda m: K.LUT_BF16[m.data], lambda m, r: K.LUT_BF16[m.data[r]],
                        K.sparse_rows_bf16),
     **{k: _blocks(k) for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",

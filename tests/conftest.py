@@ -205,29 +205,6 @@ def one_thread():
     numba.set_num_threads(n)
 
 
-def pytest_configure(config):
-    """Float arithmetic from the start, so module- and session-scoped fixtures (built before any
-    function fixture runs) measure in it too; ``float_arithmetic`` restores it per test."""
-    from runtime import kernels
-
-    kernels.set_arithmetic("float")
-
-
-@pytest.fixture(autouse=True)
-def float_arithmetic():
-    """Every test starts with the runtime's block matmuls in float arithmetic (weights decoded,
-    float activations): the parity tests compare the runtime with gguf-py's dequantized weights
-    to 1e-4/1e-5, which is the float path's contract. The default int8 path (activations
-    quantized to 8-bit blocks, as llama.cpp) is tested in tests/runtime/test_kernels_int.py;
-    a test (or a CLI call inside one) that changes the setting is undone afterwards."""
-    from runtime import kernels
-
-    before = kernels.arithmetic()
-    kernels.set_arithmetic("float")
-    yield
-    kernels.set_arithmetic(before)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def session_tokenizer_cache(tmp_path_factory):
     """GGUF tokenizers built from the test files go to a folder of this session, not to the

@@ -28,8 +28,9 @@ comments at each say by how much; docs/benchmarks.md, "Two CPUs"). LLVM lowers t
 types to what the CPU has (AVX-512, AVX2, NEON). Rows whose length is not a multiple of 32
 (F32/F16/BF16 only; block formats are whole blocks) take a plain numba loop.
 
-Arithmetic of the 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), process-wide
-(``set_arithmetic``; ``aios-run generate/bench --arithmetic``): "int8", the default, does what
+Arithmetic of the 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): a value the caller
+passes (``Arithmetic``, runtime.kernels.arithmetic; ``Model(path, arithmetic=...)``,
+``aios-run generate/bench --arithmetic``): "int8", the default, does what
 llama.cpp does: each activation row is quantized once per matmul to int8 blocks of 32 with a
 float scale per block (ggml's quantize_row_q8_0), and each weight block meets it in an integer
 dot product (AVX-512 VNNI vpdpbusd here; AVX-VNNI, AVX2 pmaddubsw or portable IR elsewhere,
@@ -50,15 +51,19 @@ VNNI build), at a lower speed; what agreement with llama.cpp is checked in.
 The package, one module per seam: ``threads`` (OpenMP's spin, ``set_threads``, ``threads_for``),
 ``ir_helpers`` (the IR the intrinsics are built from; the CPU's integer dot), ``groups`` (the
 kernels' row groups), ``float_rows`` (F32, F16, BF16), ``blocks32`` and ``blocks32_int`` (the
-32-value blocks in float and in int8), ``kquants`` and ``kquants_int`` (the K-quants, likewise),
-``quantize`` (the activations' int8 blocks), ``ggml_order`` (llama.cpp's order of sums), ``gemm`` (many tokens: rows decoded once per
-matmul, then one float32 GEMM; ``set_batched_gemm``), ``kq_tiles`` (many tokens in int8 register
-tiles), ``amx`` (the same on Intel AMX tiles, where the CPU has them), ``sparse`` (the sparse down projection; block rows
-decoded) and ``dispatch`` (``mm_block``, ``mm_block_arith``, the process-wide arithmetic). The
-public names are all re-exported here (``from runtime import kernels``, then ``kernels.mm_block``).
-The state lives in one module each (the thread counts in ``threads``, the arithmetic and the
-shared input in ``dispatch``), read there by their functions; assigning a name here
-(``kernels.INT8_DEFAULT = ...``) rebinds it in the submodules too (``_Package``).
+32-value blocks in float and in int8; ``blocks32_int_operands``: how their quants and activations
+load into vectors), ``kquants`` and ``kquants_int`` (the K-quants, likewise), ``quantize`` (the
+activations' int8 blocks), ``ggml_order`` (llama.cpp's order of sums), ``gemm`` (many tokens:
+rows decoded once per matmul, then one float32 GEMM), ``kq_tiles`` (many tokens in int8 register
+tiles: ``kq_lanes`` their lane layout, ``kq_tile_kernel`` the tile's code), ``row_tiles`` and
+``kq_row_tiles`` (16 rows in a vector's lanes), ``amx`` (the same on Intel AMX tiles, where the
+CPU has them: ``amx_kernel``, ``amx_arrange``), ``kept`` (unpacked weights kept across passes),
+``sparse`` (the sparse down projection; block rows decoded), ``arithmetic`` (the ``Arithmetic`` value: which arithmetic, whether many tokens
+batch, and what one call of the forward pass shares between its matmuls) and ``dispatch``
+(``mm_block``, ``mm_block_arith``: the kernel an arithmetic picks). The public names are all
+re-exported here (``from runtime import kernels``, then ``kernels.mm_block``). No module here
+holds state that picks an arithmetic or a route: the caller's ``Arithmetic`` does (the thread
+counts in ``threads`` are numba's own process-wide setting, mirrored).
 
 numba's on-disk cache checks only the source of the file that defines a compiled function, and a
 kernel inlines the intrinsics and IR helpers of other files (runtime.ops and
@@ -72,19 +77,15 @@ set by the user is left as it is (clear it after editing a kernel).
 
 from __future__ import annotations
 
-import sys
-import types
-
 from aios.quant import QK_K
-from runtime.kernels import dispatch, threads
 from runtime.kernels.amx import (
     AMX_TYPES,
     amx_available,
     amx_runs,
     arranged_amx,
-    kept_unpacked,
     mm_amx,
 )
+from runtime.kernels.arithmetic import ARITHMETICS, DEFAULT, GEMM_MIN_TOKENS, GGML_ARITHMETICS, Arithmetic
 from runtime.kernels.blocks32 import (
     B32,
     B32_AFFINE,
@@ -118,21 +119,15 @@ from runtime.kernels.blocks32_int import (
     mm_b32_int8,
 )
 from runtime.kernels.dispatch import (
-    ARITHMETICS,
     BLOCK_TYPES,
-    GGML_ARITHMETICS,
     INT8_ALL,
     INT8_DEFAULT,
     INT8_TYPES,
-    arithmetic,
     arithmetic_label,
     mm_block,
     mm_block_arith,
     mm_block_int8,
     mm_f16_arith,
-    output_head,
-    set_arithmetic,
-    share_input,
 )
 from runtime.kernels.float_rows import (
     BF16_ROWS,
@@ -162,7 +157,7 @@ from runtime.kernels.float_rows import (
     mm_float_rows,
     read_rows_u32,
 )
-from runtime.kernels.gemm import CHUNK_VALUES, GEMM_MIN_TOKENS, set_batched_gemm, use_gemm
+from runtime.kernels.gemm import CHUNK_VALUES
 from runtime.kernels.groups import AHEAD
 from runtime.kernels.ir_helpers import (
     F32,
@@ -186,6 +181,7 @@ from runtime.kernels.ir_helpers import (
     int_dot_features,
     ir_loop,
 )
+from runtime.kernels.kept import KeptRows, kept_unpacked
 from runtime.kernels.kquants import (
     IQ4XS_QS,
     IQ4XS_SL,
@@ -281,15 +277,9 @@ from runtime.kernels.threads import (
     threads_for,
 )
 
-# the state tests reset and inspect, under its old names: the same objects the functions of
-# runtime.kernels.threads and runtime.kernels.dispatch read (one source of truth each)
-_THREADS = threads._THREADS
-_SHARED = dispatch._SHARED
-_mm_float = mm_float_rows
-
 __all__ = [
-    "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "kept_unpacked", "mm_amx",
-    "AFFINE_B32", "AHEAD", "ARITHMETICS", "GGML_ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "set_batched_gemm", "use_gemm", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
+    "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "KeptRows", "kept_unpacked", "mm_amx",
+    "AFFINE_B32", "AHEAD", "ARITHMETICS", "Arithmetic", "DEFAULT", "GGML_ARITHMETICS", "CHUNK_VALUES", "GEMM_MIN_TOKENS", "B32", "B32_AFFINE", "B32_BYTES", "B32_KIND",
     "B32_OFFSET", "B32_QS", "B32_SIGNED", "BF16_ROWS", "BLOCKWISE", "BLOCK_TYPES", "F16_ROWS",
     "F32", "F32_ROWS", "FAST", "FLOAT_ROWS", "HALF", "I8", "I16", "I32", "INT8_ALL",
     "INT8_DEFAULT", "INT8_TYPES", "INT_DOT_NAMES", "IQ4XS_QS", "IQ4XS_SL", "KQ_BYTES",
@@ -299,7 +289,7 @@ __all__ = [
     "Q6K_D", "Q6K_QH", "Q6K_SCALES", "QK", "QK_K", "QUAD_INSERT", "ROWS", "ROW_AHEAD",
     "SERIAL_BYTES", "SPARSE_B", "SPARSE_BLOCK_ROWS", "SPARSE_B_KIND", "SPARSE_B_VALUES",
     "SPARSE_CHUNKS", "SPIN_COUNT", "STRIDED_WORDS_MAX", "V8F", "V8I32", "V16F", "V16I16", "V16I32",
-    "V32F", "V32I8", "V32I16", "V64I8", "arithmetic", "arithmetic_label", "array_data",
+    "V32F", "V32I8", "V32I16", "V64I8", "arithmetic_label", "array_data",
     "axpy4_bf16", "axpy4_f16", "axpy4_f32", "axpy_f64_at", "axpy_iq4_nl", "axpy_iq4_xs",
     "axpy_q2_k", "axpy_q3_k", "axpy_q4_0", "axpy_q4_1", "axpy_q4_k", "axpy_q5_0", "axpy_q5_1",
     "axpy_q5_k", "axpy_q6_k", "axpy_q8_0", "compile_features", "decode_block_rows",
@@ -310,9 +300,9 @@ __all__ = [
     "dot4i_q8_0", "dot8_bf16", "dot8_f16", "dot8_f16_hx", "dot8_f32", "dot_f32_at",
     "float_row_prefetch", "int_dot_features", "ir_loop", "mm_b32_int8", "mm_bf16", "mm_block",
     "mm_block_arith", "mm_block_int8", "mm_f16", "mm_f16_arith", "mm_f16_half_x",
-    "mm_f16_half_x_one", "mm_f32", "mm_float_rows", "mm_kq_int8", "one_blas_thread", "output_head", "physical_cores",
+    "mm_f16_half_x_one", "mm_f32", "mm_float_rows", "mm_kq_int8", "one_blas_thread", "physical_cores",
     "quantize_activations", "quantize_activations_k", "quantize_q8", "quantize_q8_blocks",
-    "quantize_q8_k", "read_rows_u32", "round_f16", "set_arithmetic", "set_threads", "share_input",
+    "quantize_q8_k", "read_rows_u32", "round_f16", "set_threads",
     "sparse_block_rows", "sparse_rows_bf16", "sparse_rows_f16", "sparse_rows_f32",
     "sparse_rows_iq4_nl", "sparse_rows_iq4_xs", "sparse_rows_q2_k", "sparse_rows_q3_k",
     "sparse_rows_q4_0", "sparse_rows_q4_1", "sparse_rows_q4_k", "sparse_rows_q5_0",
@@ -320,20 +310,3 @@ __all__ = [
     "xsum",
 ]
 
-
-class _Package(types.ModuleType):
-    """This package's module: assigning one of its names (``kernels.INT8_DEFAULT = ...``, a
-    test's monkeypatch) rebinds it in every submodule that holds the same object too, so the
-    functions reading it there see the new value, as they did when the kernels were one module.
-    (Compiled kernels keep the values they were compiled with, as before.)"""
-
-    def __setattr__(self, name: str, value) -> None:
-        old = self.__dict__.get(name, _Package)
-        if old is not _Package and not isinstance(old, types.ModuleType):
-            for key, module in list(sys.modules.items()):
-                if key.startswith(__name__ + ".") and module.__dict__.get(name, _Package) is old:
-                    module.__dict__[name] = value
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

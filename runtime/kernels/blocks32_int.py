@@ -1,6 +1,7 @@
 """The 32-value blocks times int8 activations ("int8" arithmetic): the integer block dot
 products (two blocks per step on every CPU, four with AVX-512 VNNI) and their kernel
-``mm_b32_int8`` (the activations quantized by runtime.kernels.quantize)."""
+``mm_b32_int8`` (the activations quantized by runtime.kernels.quantize). How the blocks' bytes,
+scales and activations reach the vectors is runtime.kernels.blocks32_int_operands."""
 
 from __future__ import annotations
 
@@ -12,20 +13,26 @@ from runtime.kernels.blocks32 import (
     B32_AFFINE,
     B32_BYTES,
     B32_OFFSET,
-    B32_QS,
     B32_SIGNED,
     BLOCKWISE,
-    KVALUES_IQ4NL,
     QK,
     b32_quants,
-    lookup16,
+)
+from runtime.kernels.blocks32_int_operands import (  # noqa: F401  (this module's API)
+    PAIR_ORDER,
+    QUAD_INSERT,
+    STRIDED_WORDS_MAX,
+    lookup16_pshufb,
+    pair_quants,
+    quad_quants,
+    quad_x,
+    strided_words,
 )
 from runtime.kernels.groups import AHEAD, group4, row_count, store_group
 from runtime.kernels.ir_helpers import (
     F32,
     FAST,
     HALF,
-    I8,
     I16,
     I32,
     ROWS,
@@ -35,7 +42,6 @@ from runtime.kernels.ir_helpers import (
     V32I8,
     V64I8,
     array_data,
-    compile_features,
     concat_vec,
     const,
     declare,
@@ -46,7 +52,6 @@ from runtime.kernels.ir_helpers import (
     ir_loop,
     prefetch_lines,
     splat,
-    split_vec,
     vload,
     zeros_f32,
 )
@@ -64,174 +69,11 @@ from runtime.kernels.ir_helpers import (
 # <16 x i32> (each lane four products of one block) and one int → float conversion. BLOCKWISE
 # types (Q8_0) then sum as ggml: per block one fma by d_w·d_x into 8 float lanes,
 # block after block (AVX-512: two rows' 8 lanes in one zmm); the others multiply the 16 lanes
-# by the pair's d_w·d_x and add (AVX-512: four blocks per step, ``_quad_quants``).
+# by the pair's d_w·d_x and add (AVX-512: four blocks per step, ``quad_quants``).
 
 
 INT_DOT_NAMES = {"avx512vnni": "AVX-512 VNNI vpdpbusd", "avxvnni": "AVX-VNNI vpdpbusd",
                  "avx2": "AVX2 pmaddubsw", "generic": "portable integer IR"}
-
-
-# The 4/5-bit types' pair order: both blocks' low nibbles (values 0-15 of block a, then of b),
-# then both high nibbles (values 16-31): two 16-byte loads, one AND and one shift on 32 bytes.
-PAIR_ORDER = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
-
-
-def lookup16_pshufb(b, n, how):
-    """kvalues_iq4nl[n] for a <64 x i8> of nibbles: vpshufb on the 16-entry table (AVX-512BW
-    zmm or two AVX2 ymm), the select tree elsewhere."""
-    if how == "avx512vnni":
-        fn = declare(b, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
-        return b.call(fn, [const(V64I8, list(KVALUES_IQ4NL) * 4), n])
-    if how in ("avxvnni", "avx2"):
-        fn = declare(b, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
-        t = const(V32I8, list(KVALUES_IQ4NL) * 2)
-        return concat_vec(b, b.call(fn, [t, split_vec(b, n, 0, 32)]), b.call(fn, [t, split_vec(b, n, 32, 32)]))
-    return concat_vec(b, lookup16(b, split_vec(b, n, 0, 32)), lookup16(b, split_vec(b, n, 32, 32)))
-
-
-def _pair_quants(b, fmt, p, base, how, natural=False):
-    """<64 x i8>: blocks a (at ``base``) and b (the next) as the integer dot's first operand:
-    Q8_0 in natural order (a's 32 then b's 32), the 4/5-bit types in PAIR_ORDER (``natural``:
-    in natural order too) without their offset (unsigned nibbles, IQ4_NL's table values signed)."""
-    ty = base.type
-    nb = B32_BYTES[fmt]
-    if fmt == "q8_0":
-        return concat_vec(b, b32_quants(b, fmt, p, base), b32_quants(b, fmt, p, b.add(base, const(ty, nb))))
-    if natural:  # each block's low nibbles then its high ones: values 0-31 of a, then of b
-        V16I8 = ir.VectorType(I8, 16)
-        qs = [vload(b, p, b.add(base, const(ty, B32_QS[fmt] + nb * h)), V16I8, 1) for h in (0, 1)]
-        packed = concat_vec(b, qs[0], qs[1])  # one AND and one shift on both blocks, one 128-bit shuffle
-        lo, hi = b.and_(packed, const(V32I8, [15] * 32)), b.lshr(packed, const(V32I8, [4] * 32))
-        n = b.shuffle_vector(lo, hi, const(ir.VectorType(I32, 64), list(range(16)) + list(range(32, 48))
-                                        + list(range(16, 32)) + list(range(48, 64))))
-        if fmt == "iq4_nl":
-            return lookup16_pshufb(b, n, how)
-        if fmt in ("q5_0", "q5_1"):  # the fifth bits: qh of a then of b, one 64-lane mask
-            I64 = ir.IntType(64)
-            qh = [b.zext(b.load(b.bitcast(b.gep(p, [b.add(base, const(ty, B32_QS[fmt] - 4 + nb * h))]), I32.as_pointer()),
-                                align=1), I64) for h in (0, 1)]
-            mask = b.bitcast(b.or_(qh[0], b.shl(qh[1], const(I64, 32))), ir.VectorType(ir.IntType(1), 64))
-            n = b.or_(n, b.select(mask, const(V64I8, [16] * 64), const(V64I8, [0] * 64)))
-        return n
-    V16I8 = ir.VectorType(I8, 16)
-    qs = [vload(b, p, b.add(base, const(ty, B32_QS[fmt] + nb * h)), V16I8, 1) for h in (0, 1)]
-    packed = concat_vec(b, qs[0], qs[1])
-    n = concat_vec(b, b.and_(packed, const(V32I8, [15] * 32)), b.lshr(packed, const(V32I8, [4] * 32)))
-    if fmt == "iq4_nl":
-        return lookup16_pshufb(b, n, how)
-    if fmt in ("q5_0", "q5_1"):  # the fifth bits: both qh words as one 64-lane mask in PAIR_ORDER
-        I64 = ir.IntType(64)
-        qh = [b.zext(b.load(b.bitcast(b.gep(p, [b.add(base, const(ty, B32_QS[fmt] - 4 + nb * h))]), I32.as_pointer()),
-                            align=1), I64) for h in (0, 1)]
-        lo16 = const(I64, 0xFFFF)
-        m = b.or_(b.or_(b.and_(qh[0], lo16), b.shl(b.and_(qh[1], lo16), const(I64, 16))),
-                  b.or_(b.shl(b.lshr(qh[0], const(I64, 16)), const(I64, 32)), b.shl(b.lshr(qh[1], const(I64, 16)), const(I64, 48))))
-        mask = b.bitcast(m, ir.VectorType(ir.IntType(1), 64))  # lane l = bit l (kmovq + masked move)
-        n = b.or_(n, b.select(mask, const(V64I8, [16] * 64), const(V64I8, [0] * 64)))
-    return n
-
-
-# Blocks up to this many bytes gather their chunk's scales with _strided_words, not one scalar
-# load and one vpinsrw per block and row. The kernels alone, rows in L2, one AMD EPYC (znver4)
-# thread, two alternated runs (benchmarks/kernels_in_cache.py's kernel_gb_s): Q4_0 (18 bytes)
-# 22.2/22.3 -> 23.5/23.3 GB/s, Q4_1 (20) 19.2/21.4 -> 22.9/22.4, Q5_0 (22) 18.8/18.8 ->
-# 19.8/19.6, IQ4_NL (18) 17.9/17.1 -> 17.9/18.4; Q5_1 (24) 16.4/18.4 -> 16.5/15.6 and Q8_0
-# (34: four words per permute, two loads each) 33.3/34.2 -> 31.9/32.3 keep the inserts.
-STRIDED_WORDS_MAX = 22
-
-
-def _strided_words(b, p, base, stride, n):
-    """<n x i16>: the 16-bit words at byte offsets base + u·stride (u < n) of uint8 row p, e.g.
-    the fp16 scales of n consecutive blocks. Groups of G blocks whose words lie within 128 bytes
-    each come from two 64-byte loads and one two-source word permute (AVX-512BW vpermt2w), the
-    second load ending at the group's last word, so nothing past the blocks is read."""
-    V32H = ir.VectorType(I16, 32)
-    g = 8 if 7 * stride + 2 <= 128 else 4
-    assert stride % 2 == 0 and 3 * stride + 2 <= 128 and n % g == 0
-    last = (g - 1) * stride + 2  # bytes a group spans
-    off2 = max(0, last - 64)  # the second load's start, relative to the group's
-    ty = base.type
-    groups = []
-    for q in range(n // g):
-        start = b.add(base, const(ty, q * g * stride))
-        lo = vload(b, p, start, V32H, 1)
-        hi = vload(b, p, b.add(start, const(ty, off2)), V32H, 1) if last > 64 else lo
-        idx = []
-        for u in range(g):
-            o = u * stride
-            idx.append(o // 2 if o + 2 <= 64 else 32 + (o - off2) // 2)
-            assert o + 2 <= 64 or 0 <= o - off2 <= 62
-        groups.append(b.shuffle_vector(lo, hi, const(ir.VectorType(I32, g), idx)))
-    while len(groups) > 1:  # concatenate the groups' words in block order
-        groups = [b.shuffle_vector(groups[i], groups[i + 1], const(ir.VectorType(I32, 2 * groups[i].type.count),
-                                                                 list(range(2 * groups[i].type.count))))
-                  for i in range(0, len(groups), 2)]
-    return groups[0]
-
-
-# How _quad_quants gathers a quad's quant bytes: two 64-byte loads and one vpermt2b, or four
-# 16-byte loads and inserts. The kernels alone, rows in L2, one AMD EPYC (znver4) thread, k 4096,
-# alternated runs (kernels_in_cache.py's kernel_gb_s): Q4_0 35.2/31.9 against 30.9/30.5 GB/s,
-# Q4_1 29.6/33.2 against 29.5/29.5, IQ4_NL 25.2/25.7 against 23.6/23.6; Q5_0 19.9/19.8 against
-# 23.3/22.5 and Q5_1 23.6/23.1 (with the fifth bits by vpshufbitqmb) against 25.3/25.0.
-QUAD_INSERT = {"q5_0", "q5_1"}
-
-
-def _quad_quants(b, fmt, p, base):
-    """(lo, hi), two <64 x i8>: lane 16q+i of lo is value i of block q (q < 4, the blocks at
-    ``base`` and the three after it) and of hi its value 16+i, unsigned without the offset (the
-    4/5-bit types) or IQ4_NL's signed table values. The four blocks' 64 quant bytes come from
-    two 64-byte loads within the quad's bytes and one two-source byte permute (AVX-512 VBMI
-    vpermt2b), or from four 16-byte loads (QUAD_INSERT); one AND gives the low nibbles and one
-    shift the high ones."""
-    nb, qs = B32_BYTES[fmt], B32_QS[fmt]
-    ty = base.type
-    span = 4 * nb
-    if fmt not in QUAD_INSERT and "avx512vbmi" in compile_features():  # else LLVM's byte shuffles
-        lo_ld = vload(b, p, base, V64I8, 1)
-        off2 = span - 64
-        hi_ld = vload(b, p, b.add(base, const(ty, off2)), V64I8, 1)
-        idx = []
-        for q in range(4):
-            for i in range(16):
-                o = q * nb + qs + i
-                idx.append(o if o < 64 else 64 + o - off2)
-        packed = b.shuffle_vector(lo_ld, hi_ld, const(ir.VectorType(I32, 64), idx))
-    else:
-        V16I8 = ir.VectorType(I8, 16)
-        parts = [vload(b, p, b.add(base, const(ty, q * nb + qs)), V16I8, 1) for q in range(4)]
-        packed = concat_vec(b, concat_vec(b, parts[0], parts[1]), concat_vec(b, parts[2], parts[3]))
-    lo = b.and_(packed, const(V64I8, [15] * 64))
-    hi = b.lshr(packed, const(V64I8, [4] * 64))
-    if fmt == "iq4_nl":
-        return lookup16_pshufb(b, lo, "avx512vnni"), lookup16_pshufb(b, hi, "avx512vnni")
-    if fmt in ("q5_0", "q5_1"):  # the fifth bits: qh bit i of block q to lane 16q+i (lo), 16+i (hi)
-        I64 = ir.IntType(64)
-        qh = [b.zext(b.load(b.bitcast(b.gep(p, [b.add(base, const(ty, qs - 4 + nb * q))]), I32.as_pointer()),
-                            align=1), I64) for q in range(4)]
-        lo16 = const(I64, 0xFFFF)
-        mlo = mhi = None
-        for q in range(4):
-            a = b.shl(b.and_(qh[q], lo16), const(I64, 16 * q))
-            c = b.shl(b.lshr(qh[q], const(I64, 16)), const(I64, 16 * q))
-            mlo = a if mlo is None else b.or_(mlo, a)
-            mhi = c if mhi is None else b.or_(mhi, c)
-        V1 = ir.VectorType(ir.IntType(1), 64)
-        s16, z = const(V64I8, [16] * 64), const(V64I8, [0] * 64)
-        lo = b.or_(lo, b.select(b.bitcast(mlo, V1), s16, z))
-        hi = b.or_(hi, b.select(b.bitcast(mhi, V1), s16, z))
-    return lo, hi
-
-
-def _quad_x(b, xq, blk, ity):
-    """(x_lo, x_hi) for the quad of blocks from ``blk``: values 0-15 and 16-31 of each of the four
-    blocks, in _quad_quants' lane order (16-byte granules: vshufi64x2)."""
-    x0 = vload(b, xq, b.mul(blk, const(ity, QK)), V64I8, 1)
-    x1 = vload(b, xq, b.mul(b.add(blk, const(ity, 2)), const(ity, QK)), V64I8, 1)
-    lo = [16 * g + i for g in (0, 2, 4, 6) for i in range(16)]
-    hi = [16 * g + i for g in (1, 3, 5, 7) for i in range(16)]
-    v = ir.VectorType(I32, 64)
-    return b.shuffle_vector(x0, x1, const(v, lo)), b.shuffle_vector(x0, x1, const(v, hi))
 
 
 def _dot4_b32_int_codegen(fmt, blockwise=None):
@@ -308,12 +150,11 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
             return builder.insert_value(accs, builder.shuffle_vector(v, w16, const(V16I32, idx)), j // 2)
 
         def pair_x(b0, u):
-            # x for blocks b0+u, b0+u+1 of the chunk, in _pair_quants' order (permuted once for
+            # x for blocks b0+u, b0+u+1 of the chunk, in pair_quants' order (permuted once for
             # the four rows), and for signed weights with VNNI (no pmaddubsw saturation)
             # −128·Σ₄q_x: each row's vpdpbusd starts from it and sums Σ₄(q_w+128)·q_x, one
             # vpdpbusd and one xor per row. (Biasing x instead needs −128·Σ₄q_w per row: two
-            # vpdpbusd, two zeroed accumulators and a subtraction. Four Q8_0 rows in L1, one
-            # thread: 33.4 GB/s against 29.9.)
+            # vpdpbusd, two zeroed accumulators and a subtraction: slower.)
             blk = builder.add(b0, const(ity, u))
             x = vload(builder, xq, builder.mul(blk, const(ity, QK)), V64I8, 1)
             if fmt != "q8_0" and not natural:
@@ -325,7 +166,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
             # row j's blocks b0+u, b0+u+1; sv[j]: the chunk's d_w·d_x of row j
             blk = builder.add(b0, const(ity, u))
             lanes = [u] * 8 + [u + 1] * 8 if blockwise else ([u] * 4 + [u + 1] * 4) * 2
-            w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, const(ity, nbytes)), how, natural=natural)
+            w = pair_quants(builder, fmt, ws[j], builder.mul(blk, const(ity, nbytes)), how, natural=natural)
             if biased:
                 isum = idot_u8s8(builder, unsigned_w(w), x, how, acc=corr)
             else:
@@ -337,7 +178,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
 
         def pair_isum(b0, u, j, x, corr):  # row j's <16 x i32> for blocks b0+u, b0+u+1
             blk = builder.add(b0, const(ity, u))
-            w = _pair_quants(builder, fmt, ws[j], builder.mul(blk, const(ity, nbytes)), how, natural=natural)
+            w = pair_quants(builder, fmt, ws[j], builder.mul(blk, const(ity, nbytes)), how, natural=natural)
             return idot_u8s8(builder, unsigned_w(w), x, how, acc=corr)
 
         def pair2(b0, u, k, x, corr, accs, sv):
@@ -382,18 +223,16 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
 
             def masked(v):
                 return v if keep is None else builder.select(keep, v, const(V16F, [0.0] * 16))
-            # the rows passed as p (the group AHEAD on) at this chunk's offset, into L2 (prefetcht1;
-            # measured with the next group, AHEAD = 1). Llama-3.1-8B-
-            # dims Q8_0 matrices, 2 threads, ÷ an integer read of the same pages, 8 alternated
-            # rounds, two runs each: into L1 0.883/0.877, into L2 0.908/0.912; each row's own
-            # lines 544 or 1088 bytes on (the float kernels' pattern) 0.80
+            # the rows passed as p (the group AHEAD on) at this chunk's offset, into L2 (prefetcht1):
+            # faster than into L1, and than each row's own lines some bytes on (the float kernels'
+            # pattern; docs/benchmarks.md, "Measurements behind code choices")
             for j in range(ROWS):
                 prefetch_lines(builder, ps[j], builder.mul(b0, const(ity, nbytes)), (chunk_blocks * nbytes + 63) // 64, 2)
             v16h = ir.VectorType(I16, chunk_blocks)
 
             def f16s(j, k):  # the chunk's 16 fp16 field k (0: d, 1: m) of row j, one conversion
                 if how == "avx512vnni" and nbytes <= STRIDED_WORDS_MAX:
-                    return builder.fpext(builder.bitcast(_strided_words(builder, ws[j], builder.add(
+                    return builder.fpext(builder.bitcast(strided_words(builder, ws[j], builder.add(
                         builder.mul(b0, const(ity, nbytes)), const(ity, 2 * k)), nbytes, chunk_blocks), ir.VectorType(HALF, chunk_blocks)), V16F)
                 v = ir.Constant(v16h, ir.Undefined)
                 for u in range(chunk_blocks):
@@ -414,8 +253,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
             if quads:
                 return quads_of(b0, accs, sv)
             # x (and its −128·Σ₄q_x) for the chunk's pairs once, then row after row: fewer live
-            # registers than pair after pair across the rows (Q8_0 ÷ the same pages' read, 8
-            # alternated rounds, two runs each: 0.918/0.904 against 0.884/0.897)
+            # registers than pair after pair across the rows (and faster for Q8_0)
             xpairs = {u: pair_x(b0, u) for u in range(0, chunk_blocks, 2)}
             if packed:
                 for k in range(ROWS // 2):
@@ -435,7 +273,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
             # per 128 values instead of per 64
             xs4 = []
             for q in range(0, chunk_blocks, 4):
-                xl, xh = _quad_x(builder, xq, builder.add(b0, const(ity, q)), ity)
+                xl, xh = quad_x(builder, xq, builder.add(b0, const(ity, q)), ity)
                 corr = None
                 if biased:
                     c = idot_u8s8(builder, m128, xl, how)
@@ -445,7 +283,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
                 for qi, q in enumerate(range(0, chunk_blocks, 4)):
                     xl, xh, corr = xs4[qi]
                     blk = builder.add(b0, const(ity, q))
-                    wl, wh = _quad_quants(builder, fmt, ws[j], builder.mul(blk, const(ity, nbytes)))
+                    wl, wh = quad_quants(builder, fmt, ws[j], builder.mul(blk, const(ity, nbytes)))
                     if biased:
                         isum = idot_u8s8(builder, builder.xor(wl, m128), xl, how, acc=corr)
                         isum = idot_u8s8(builder, builder.xor(wh, m128), xh, how, acc=isum)
@@ -476,9 +314,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
 
         def tail_pair(q, accs):
             # blocks b, b+1 past the last whole chunk (b = first such block + 2q) by the pair
-            # step, their scales loaded one by one. Rows of 142 blocks (d 4544, Falcon-7B) leave
-            # 14 blocks past the last chunk: four such Q8_0 rows in L1, one thread, 4 interleaved
-            # runs: 610-627 ns against 645-693 when each of the 14 took the one-block step
+            # step, their scales loaded one by one: faster than a one-block step for each
             b = builder.add(builder.mul(nchunk, const(ity, chunk_blocks)), builder.mul(q, const(ity, 2)))
             x, corr = pair_x(b, 0)
             dx = [builder.load(builder.gep(xd, [builder.add(b, const(ity, u))])) for u in (0, 1)]
@@ -508,9 +344,7 @@ def _dot4_b32_int_codegen(fmt, blockwise=None):
                      chunk)
         # blocks past the last whole chunk: with nb >= 16, one more chunk ending at the row's
         # end, its blocks already counted masked (Falcon-7B's rows of 142 blocks: 8 chunks and
-        # 14 blocks. The kernels alone, rows in L2, one AMD EPYC thread, against the 7 pairs:
-        # Q4_0 20.8 -> 21.5-22.6 GB/s, Q5_0 17.7-18.1 -> 19.4, Q5_1 15.0-17.2 -> 18.0-18.8, Q8_0
-        # 32-37 either way); shorter rows by pairs, then one block
+        # 14 blocks; for the 4/5-bit types faster than 7 pairs); shorter rows by pairs, then one block
         done = builder.mul(nchunk, const(ity, chunk_blocks))
         whole = builder.icmp_signed(">=", nb, const(ity, chunk_blocks))
         ragged = builder.and_(whole, builder.icmp_signed("<", done, nb))

@@ -362,7 +362,7 @@ def mm_bf16(W, X, rows, Y):  # W (n, k) uint16 holding bfloat16 bits
 
 # --- F16 weights in llama.cpp's arithmetic: x rounded to fp16 once per matmul ------------------
 # What ggml computes for an F16 weight (its vec_dot_type for F16 is F16): each activation rounded
-# to fp16, products and sums in float32. Under ``set_arithmetic("int8")`` (the default: llama.cpp's
+# to fp16, products and sums in float32. Under the "int8" arithmetic (the default: llama.cpp's
 # arithmetic, named for the block types) the F16 matmuls run so; "float" keeps x float32, exact.
 # The halved x also changes which grouping reads fastest. One row at a time with x in fp16 reads
 # each thread's rows as one sequential stream, and x (2k bytes) stays in L1 beside it. Llama-3.1-

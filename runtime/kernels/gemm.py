@@ -28,8 +28,6 @@ benchmarks/prefill_vs_llamacpp.py).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from numba import njit, prange
 
@@ -37,27 +35,6 @@ from aios.quant import QK_K
 from runtime.kernels.blocks32 import QK
 from runtime.kernels.quantize import EXACT_MAX, round_f16
 
-# T at and above which a whole-matrix product goes through the GEMM (rows None), and attention
-# through runtime.attention_gemm. On the real Gemma 3 270M Q4_K_M, 2 threads (2-core Xeon, AMX;
-# benchmarks/prefill_vs_llamacpp.py --crossover), tokens/s one-token kernels / GEMM form: 8
-# tokens 188 / 189, 16 tokens 228 / 145 (BLAS is slow on so few rows), 32: 133 / 201, 64:
-# 140 / 289, 512: 171 / 472.
-GEMM_MIN_TOKENS = 32
-_GEMM = {"min_tokens": GEMM_MIN_TOKENS if os.environ.get("AIOS_BATCHED_GEMM", "1") != "0" else None}
-
-
-def set_batched_gemm(on: bool) -> None:
-    """Run many-token matmuls and attention as GEMMs (the default; ``AIOS_BATCHED_GEMM=0`` in the
-    environment starts a process with them off) or token by token in the one-token kernels, whose
-    int8 path rounds as llama.cpp's CPU kernels do, bit for bit (the tests that compare llama.cpp's
-    intermediate tensors with ours switch it off)."""
-    _GEMM["min_tokens"] = GEMM_MIN_TOKENS if on else None
-
-
-def use_gemm(tokens: int) -> bool:
-    """Whether ``tokens`` queries (or rows of X) take the GEMM form."""
-    m = _GEMM["min_tokens"]
-    return m is not None and tokens >= m
 # values decoded per chunk: 16 MB of float32, small beside the output head's 168 M values (the
 # real Gemma's 262,144 × 640) and whole for any layer matrix up to 4096 × 4096
 CHUNK_VALUES = 1 << 22

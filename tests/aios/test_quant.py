@@ -16,7 +16,15 @@ from aios import quant
 from convert import kquants
 from convert.gguf import tensors as gt
 from runtime import kernels
-from runtime.weights import BLOCK_TYPES, KERNELS, KQUANT_TYPES, SUPPORTED_TYPES, from_gguf_tensor, transpose
+from runtime.kernels import Arithmetic
+from runtime.weights import (
+    BLOCK_TYPES,
+    KERNELS,
+    KQUANT_TYPES,
+    SUPPORTED_TYPES,
+    from_gguf_tensor,
+    transpose,
+)
 
 
 @pytest.mark.parametrize("outtype", gt.OUTTYPES)
@@ -137,7 +145,7 @@ def test_every_registered_type_loads_and_multiplies(reader, kind):
     W = gguf.dequantize(np.asarray(t.data), t.tensor_type).reshape(8, 512).astype(np.float64)
     X = np.random.default_rng(1).standard_normal((2, 512)).astype(np.float32)
     exp = X.astype(np.float64) @ W.T
-    assert np.abs(m.matmul(X) - exp).max() <= 1e-5 * np.abs(exp).max()
+    assert np.abs(m.matmul(X, None, Arithmetic("float")) - exp).max() <= 1e-5 * np.abs(exp).max()
     assert np.allclose(m.dense(), W, rtol=0, atol=1e-6 * np.abs(W).max())
     if KERNELS[kind].sparse is not None:
         active = np.array([0, 3, 7, 100, 511], np.int64)  # input neurons: rows of Wᵀ

@@ -38,24 +38,9 @@ def exported(tmp_path_factory):
 
 
 @pytest.fixture
-def arithmetic():
-    """Set the process-wide kernel arithmetic inside a test; restored afterwards."""
-    from runtime import kernels
-
-    before = kernels.arithmetic()
-    yield kernels.set_arithmetic
-    kernels.set_arithmetic(before)
-
-
-@pytest.fixture
 def no_amx(monkeypatch):
-    """The register tiles, also on a CPU with AMX (test_row_tiles.py, test_kq_row_tiles.py): the
-    batched forms on, the process's arithmetic restored after."""
-    from runtime import kernels as K
+    """The register tiles, also on a CPU with AMX (test_row_tiles.py, test_kq_row_tiles.py)."""
     from runtime.kernels import amx
 
     monkeypatch.setitem(amx._STATE, "ok", False)
-    K.set_batched_gemm(True)
-    before = K.arithmetic()
     yield
-    K.set_arithmetic(before)

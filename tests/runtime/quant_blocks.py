@@ -25,22 +25,17 @@ def random_blocks(kind: str, n: int, nblk: int, rng=None) -> np.ndarray:
 def arithmetic_errors(fmt: str, W: np.ndarray, X: np.ndarray, arithmetics=("int8", "int16")) -> dict:
     """{arithmetic: max over outputs of |Y − X·Wᵀ| / (|X|·|W|ᵀ)}: ``kernels.mm_block_arith`` of
     the file blocks W (``fmt``) in each arithmetic against the float64 product of the decoded
-    weights (the process's arithmetic restored after)."""
+    weights."""
     from runtime import kernels as K
 
     Wf = K.decode_rows_at(fmt, W, np.arange(W.shape[0])).astype(np.float64)
     exact = X.astype(np.float64) @ Wf.T
     scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
-    before = K.arithmetic()
     err = {}
-    try:
-        for arith in arithmetics:
-            K.set_arithmetic(arith)
-            Y = np.full(exact.shape, np.nan, np.float32)
-            K.mm_block_arith(fmt, W, X, None, Y)
-            err[arith] = float((np.abs(Y - exact) / scale).max())
-    finally:
-        K.set_arithmetic(before)
+    for arith in arithmetics:
+        Y = np.full(exact.shape, np.nan, np.float32)
+        K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic(arith))
+        err[arith] = float((np.abs(Y - exact) / scale).max())
     return err
 
 

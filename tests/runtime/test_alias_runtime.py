@@ -43,7 +43,7 @@ def pair(tmp_path_factory):
                                             ("tiny-llama", "q8_0"), ("tiny-falcon", "none")])
 def test_aliased_logits_equal_dealiased(pair, fixture, delta):
     a, d, _ = pair(fixture, delta)
-    ma, md = Model(a), Model(d)
+    ma, md = Model(a, arithmetic="float"), Model(d, arithmetic="float")
     assert any(isinstance(op, AliasedLinear) for L in ma.layers for op in L.values())
     la, ld = ma.forward(TOKENS, all_logits=True), md.forward(TOKENS, all_logits=True)
     assert np.abs(la - ld).max() <= 1e-4
@@ -56,7 +56,7 @@ def test_aliased_logits_equal_dealiased(pair, fixture, delta):
 def test_distinct_core_bytes_drop_by_the_reported_ratio(pair, fixture):
     a, d, _ = pair(fixture, "lowrank:8")
     reported = float(resolve_model(str(a)).store.field("aios.alias.core_aliasing_ratio"))
-    ma, md = Model(a), Model(d)
+    ma, md = Model(a, arithmetic="float"), Model(d, arithmetic="float")
     ma.forward(TOKENS[:4])
     md.forward(TOKENS[:4])
     core = list(resolve_model(str(a)).facts.core_zone)
@@ -88,7 +88,7 @@ def test_dealiased_gguf_is_a_standard_file_llama_cpp_loads(pair):
     assert not any(".delta" in n or n.endswith(".canonical") for n in names)
     assert hd.store.field("aios.alias.groups") is None
     theirs = llamacpp.logits(d, TOKENS, n_ctx=64).value
-    ours = Model(d).forward(TOKENS, all_logits=True)
+    ours = Model(d, arithmetic="float").forward(TOKENS, all_logits=True)
     # a load-and-agree check (exporter parity itself is tested in tests/convert): same top-1, close logits
     assert (ours.argmax(1) == theirs.argmax(1)).all() and np.abs(ours - theirs).max() < 1e-2
 

@@ -50,8 +50,10 @@ def test_query_chunks_equal_one_chunk(monkeypatch):
 def test_batch_entry_points_pick_by_query_count():
     q, K, V = _inputs(kernels.GEMM_MIN_TOKENS - 1, 0, 2, 1, 16)
     # below the threshold: the one-query kernels themselves, bit for bit
-    assert attention_gemm.attention_float(q, K, V, 0, 0.25, 0, 0.0).tobytes() == ops.attention(q, K, V, 0, 0.25, 0, 0.0).tobytes()
-    assert (attention_gemm.attention_ggml(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes()
+    a = kernels.Arithmetic("int8")
+    assert (attention_gemm.attention_float(q, K, V, 0, 0.25, 0, 0.0, a).tobytes()
+            == ops.attention(q, K, V, 0, 0.25, 0, 0.0).tobytes())
+    assert (attention_gemm.attention_ggml(q, K, V, 0, np.float32(0.25), 0, np.float32(0), a).tobytes()
             == ggml_ops.attention(q, K, V, 0, np.float32(0.25), 0, np.float32(0)).tobytes())
 
 
@@ -63,7 +65,7 @@ def test_packed_texts_equal_each_text_alone(exported, fixture):
     path, _ = exported(fixture, "q8_0")
     rng = np.random.default_rng(0)
     texts = [list(rng.integers(3, 200, n)) for n in (40, 57, 33)]
-    m = Model(path, n_ctx=256)
+    m = Model(path, n_ctx=256, arithmetic="float")
     seen: list[np.ndarray] = []
     m.ffn_act_hook = lambda layer, a: seen.append(np.array(a))
     alone = []
@@ -74,25 +76,28 @@ def test_packed_texts_equal_each_text_alone(exported, fixture):
         alone.append((np.concatenate(seen, 1), last))
     seen.clear()
     m.reset()
-    with attention_gemm.packed(np.cumsum([0, 40, 57])):
-        last = m.forward([t for ids in texts for t in ids])
+    last = m.forward([t for ids in texts for t in ids], starts=np.cumsum([0, 40, 57]))
     packed = np.concatenate(seen, 1)  # (tokens, layers · d_ffn)
     ref = np.concatenate([a for a, _ in alone])
     np.testing.assert_allclose(packed, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
     np.testing.assert_allclose(last, alone[-1][1], rtol=0, atol=1e-4 * np.abs(last).max())
-    m.reset()  # outside the block: positions count on as before
-    assert attention_gemm.positions(3, 4).tolist() == [3, 4, 5, 6]
+    assert attention_gemm.positions(3, 4).tolist() == [3, 4, 5, 6]  # unpacked: positions count on
+    m.reset()
+    with pytest.raises(ValueError):  # the one-token kernels know no texts
+        m.forward(list(range(3, 3 + kernels.GEMM_MIN_TOKENS - 1)), starts=[0, 10])
+    with pytest.raises(ValueError):
+        m.forward(list(range(3, 67)), starts=[0, 40], arith=kernels.Arithmetic("float", batched=False))
 
 
 def test_packed_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError), attention_gemm.packed([5, 9]):
-        pass
-    with attention_gemm.packed([0, 40]):
-        assert attention_gemm.positions(0, 64).tolist() == list(range(40)) + list(range(24))
-        with pytest.raises(ValueError):
-            attention_gemm.positions(0, kernels.GEMM_MIN_TOKENS - 1)  # the one-token kernels know no texts
-        with pytest.raises(ValueError):
-            attention_gemm.positions(7, 64)  # not a fresh context
+    with pytest.raises(ValueError):
+        attention_gemm.packed_starts([5, 9], 64)
+    with pytest.raises(ValueError):
+        attention_gemm.packed_starts([0, 70], 64)  # a start outside the chunk
+    starts = attention_gemm.packed_starts([0, 40], 64)
+    assert attention_gemm.positions(0, 64, starts).tolist() == list(range(40)) + list(range(24))
+    with pytest.raises(ValueError):
+        attention_gemm.positions(7, 64, starts)  # not a fresh context
 
 
 def test_pack_texts_groups_up_to_the_limit():
@@ -104,13 +109,12 @@ def test_pack_texts_groups_up_to_the_limit():
 
 @pytest.mark.parametrize("fixture", ["tiny-llama", "tiny-falcon"])
 @pytest.mark.parametrize("n", [5, 40])  # the one-query kernels and the GEMM form
-def test_last_block_computes_only_the_last_token_when_only_its_logits_are_asked(exported, fixture, n, arithmetic):
+def test_last_block_computes_only_the_last_token_when_only_its_logits_are_asked(exported, fixture, n):
     from runtime.model import Model
 
-    arithmetic("int8")
     path, _ = exported(fixture, "q8_0")
     ids = list(np.random.default_rng(1).integers(3, 200, n))
-    m = Model(path, n_ctx=128)
+    m = Model(path, n_ctx=128, arithmetic="int8")
     full = m.forward(ids, all_logits=True)[-1]
     m.reset()
     last = m.forward(ids)[-1]  # the last block on one row

@@ -52,14 +52,14 @@ def test_map_mode_skips_masked_neurons(exported, tmp_path):
     out = tmp_path / "mapped.gguf"
     export_gguf(str(src), out, GGUFExportConfig(outtype="f32", sparsity_map=str(tmp_path / "map.npz")))
     ids = np.arange(1, 20)
-    mp = Model(out, mode="map")
+    mp = Model(out, mode="map", arithmetic="float")
     logits = mp.forward(ids, all_logits=True)
     kept = int(sum(m.sum() for m in masks.values()))
     # up projection reads only kept rows; masked neurons never fire
     # one chunk: each kept row is read once whatever the number of tokens
     assert mp.counter.per_tensor["blk.0.ffn_up.weight"] == masks["layer_0"].sum() * 128 * 4
     assert mp.ffn_nnz <= len(ids) * kept
-    dense = Model(out).forward(ids, all_logits=True)
+    dense = Model(out, arithmetic="float").forward(ids, all_logits=True)
     assert np.abs(logits - dense).max() > 0  # lossy by construction
 
 
@@ -70,7 +70,7 @@ def test_bench_cachegrind_columns_and_options(exported, tmp_path, monkeypatch):
     relu, _ = exported("tiny-falcon", "f32", relu=True)
     calls = []
 
-    def fake(model, mode, n1, n2, ll, work, prompt_tokens=16, predictor=None):
+    def fake(model, mode, n1, n2, ll, work, prompt_tokens=16, predictor=None, arithmetic=None):
         calls.append((mode, n1, n2, ll))
         return {"mb_per_token": {"dense": 4.0, "sparse": 3.0}[mode], "kernel_mb_per_token": {"dense": 2.0, "sparse": 1.2}[mode]}
 

@@ -9,6 +9,7 @@ import pytest
 
 from aios import quant
 from runtime import decode_block
+from runtime.kernels import Arithmetic
 from runtime.model import Model
 from tests.runtime.quant_blocks import random_blocks
 from tests.runtime.test_model import _tiny_with_tokenizer
@@ -97,7 +98,7 @@ def _decode_both(m: Model, ids: list[int]) -> dict:
 
 @pytest.mark.parametrize("head", [None, "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral", "falcon", "falcon-new-decoder"])
-def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, head, arithmetic):
+def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, head):
     """Llama 3.1 RoPE factors, Qwen2's q/k/v biases, Qwen3's per-head norms, Mistral's window,
     Falcon-7B's parallel block with one KV head, Falcon-40B's grouped KV heads and the MLP's own
     norm; every matrix a different int8 kernel (32-value, affine 32-value and K-quant types):
@@ -106,9 +107,8 @@ def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, 
     one the blocks are one call each."""
     dims = _dims(kind)
     f32 = _export(tmp_path, kind, **dims)
-    arithmetic("int8")
     m = Model(_retyped(f32, tmp_path / f"{kind}.mixed.gguf", FALCON_MIXES if kind.startswith("falcon") else MIXES,
-                       head))
+                       head), arithmetic="int8")
     ids = list(range(3, 60, 5))
     runs = _decode_both(m, ids)
     assert m._plans is not None and all(p is not None for p in m._plans)
@@ -120,37 +120,35 @@ def test_compiled_blocks_decode_to_the_bit_on_every_int8_kernel(tmp_path, kind, 
     assert new[1:] == old[1:]
 
 
-def test_blocks_outside_the_compiled_shape_run_step_by_step(tmp_path, arithmetic):
+def test_blocks_outside_the_compiled_shape_run_step_by_step(tmp_path):
     """Gemma 3 (norms after each branch, GELU), Phi-3 (fused QKV and gate/up) and GPT-2 (learned
     positions, biased norms) keep the Python block; so does any model while an FFN hook watches
     (the checker's R1 counts, predictor fitting), with fused_glue off or in float arithmetic."""
-    arithmetic("int8")
     for kind in ("gemma3", "phi3", "gpt2"):
-        m = Model(_export(tmp_path, kind, "q8_0"))
+        m = Model(_export(tmp_path, kind, "q8_0"), arithmetic="int8")
         m.forward([1, 2, 3])
         m.forward([4])
         assert m._plans is not None and not any(m._plans), kind
-    m = Model(_export(tmp_path, "llama3", "q8_0"))
-    assert m._block_plans() is not None and all(m._block_plans())
+    m = Model(_export(tmp_path, "llama3", "q8_0"), arithmetic="int8")
+    assert m._block_plans(m.arith) is not None and all(m._block_plans(m.arith))
     m.ffn_input_hook = lambda layer, h: None
-    assert m._block_plans() is None
+    assert m._block_plans(m.arith) is None
     m.ffn_input_hook = None
     m.fused_glue = False
-    assert m._block_plans() is None
-    arithmetic("float")  # the float path's blocks take F16/BF16 matrices only
+    assert m._block_plans(m.arith) is None
     m.fused_glue = True
-    assert m._block_plans() is not None and not any(m._block_plans())
+    flt = Arithmetic("float")  # the float path's blocks take F16/BF16 matrices only
+    assert m._block_plans(flt) is not None and not any(m._block_plans(flt))
 
 
 @pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3", "mistral", "falcon", "falcon-new-decoder"])
 @pytest.mark.parametrize("outtype,arith", [("f16", "int8"), ("f16", "float"), ("bf16", "float")])
-def test_compiled_float_blocks_decode_to_the_bit(tmp_path, kind, outtype, arith, arithmetic):
+def test_compiled_float_blocks_decode_to_the_bit(tmp_path, kind, outtype, arith):
     """The float path's blocks and head as one call (F16 with x in fp16 under the default
     arithmetic, F16 and BF16 with float32 x under "float"): decode logits, the byte counter and the FFN nonzero count
     equal the step by step path's, on the same six shapes as the int8 blocks."""
     dims = _dims(kind)
-    arithmetic(arith)
-    m = Model(_export(tmp_path, kind, outtype, **dims))
+    m = Model(_export(tmp_path, kind, outtype, **dims), arithmetic=arith)
     runs = _decode_both(m, list(range(3, 60, 5)))
     assert m._plans is not None and all(p is not None and p.act is not None for p in m._plans)
     half = {decode_block.F16_HALF_X} if (outtype, arith) == ("f16", "int8") else (

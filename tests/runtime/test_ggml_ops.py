@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from aios.reference import llamacpp
-from runtime import ggml_ops, kernels, ops
+from runtime import ggml_expf, ggml_ops, kernels, ops
 from tests.runtime.test_ops import head_major
 
 RNG = np.random.default_rng(0)
@@ -100,7 +100,7 @@ def test_silu_mul_vector_lanes_equal_the_scalar_lane(scale):
     x = RNG.standard_normal((2, 4096)).astype(np.float32) * scale
     x[0, :10] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, -1e30, 88.7, -103.9, -150.0]
     g = RNG.standard_normal((2, 4096)).astype(np.float32)
-    got, ref = ggml_ops.silu_mul(x, g), ggml_ops._silu_mul_lanes(x, g)
+    got, ref = ggml_ops.silu_mul(x, g), ggml_expf._silu_mul_lanes(x, g)
     same = (got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))
     assert same.all(), np.flatnonzero(~same)[:10]
 
@@ -110,13 +110,14 @@ def _layer0(path, ids) -> dict:
     """Our int8 path's layer-0 tensors, named as llama.cpp's graph names them."""
     from runtime.model import Model
 
-    m = Model(path)
-    assert m._ggml()
+    # the one-token kernels, token by token: the form that rounds as llama.cpp, bit for bit
+    m = Model(path, arithmetic=kernels.Arithmetic("int8", batched=False))
+    assert m._ggml(m.arith)
     mine = {}
     norm, attention = m._norm, ggml_ops.attention
 
-    def first_norm(x, w, b):
-        y = norm(x, w, b)
+    def first_norm(x, w, b, a):
+        y = norm(x, w, b, a)
         mine.setdefault("attn_norm-0", y)
         return y
 
@@ -130,20 +131,18 @@ def _layer0(path, ids) -> dict:
 
     mm = m._mm
 
-    def first_down(lin, X, layer, rows=None, bias=None):
-        y = mm(lin, X, layer, rows, bias)
+    def first_down(lin, X, layer, a, rows=None, bias=None):
+        y = mm(lin, X, layer, a, rows, bias)
         if lin.name == "blk.0.ffn_down.weight":
             mine.setdefault("ffn_out-0", y)
         return y
 
     m._norm, m._mm = first_norm, first_down
-    try:  # the one-token kernels, token by token: the form that rounds as llama.cpp, bit for bit
+    try:
         ggml_ops.attention = attn
-        kernels.set_batched_gemm(False)
         m.forward(ids, all_logits=True)
     finally:
         ggml_ops.attention = attention
-        kernels.set_batched_gemm(True)
     return mine
 
 
@@ -172,14 +171,13 @@ def _q8_0(src, tmp_path, preset="Q8_0"):
 
 
 @pytest.mark.parametrize("fixture", ["tiny-falcon", "tiny-llama"])
-def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path, arithmetic):
+def test_layer0_equals_llama_cpp_bit_for_bit(fixture, tmp_path):
     pytest.importorskip("llama_cpp")
     from aios.models.aliases import FIXTURES_DIR
     from runtime.generate import load_tokenizer
     from runtime.perplexity import heldout_ids
 
     q8 = _q8_0(FIXTURES_DIR / fixture, tmp_path)
-    arithmetic("int8")
     # ffn_out: the FFN's activation (Falcon: ggml's GELU table) and a 512-value Q8_0 down
     # projection, whose blocks ggml sums one after another into the same 8 lanes
     _assert_layer0_equal(q8, heldout_ids(load_tokenizer(q8, FIXTURES_DIR / fixture), 64),
@@ -193,7 +191,7 @@ _NOT_BLOCKWISE = pytest.mark.xfail(strict=True, reason="not in kernels.BLOCKWISE
 @pytest.mark.parametrize("preset", [pytest.param(p, marks=() if p.lower() in kernels.BLOCKWISE else _NOT_BLOCKWISE)
                                     for p in ("Q5_0", "Q4_0", "Q8_0")])
 @pytest.mark.parametrize("n", [1, 24])
-def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, arithmetic, monkeypatch):
+def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, monkeypatch):
     """The offset types (Q5_0, as every Q4_K_M file holds; Q4_0) and Q8_0 on a d_model-256 llama
     that llama.cpp quantized: its layer-0 matrices (V, up, gate, down, each on llama.cpp's own
     input) equal llama.cpp's bit for bit, one token (its vec_dot_*_q8_0) and a batch (llamafile's
@@ -208,11 +206,6 @@ def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("llama.cpp's ARM dot products sum in another order")
     monkeypatch.setenv("AIOS_LLAMACPP_CRASH", "default")
-    # the one-token kernels over the batch (n 24 would take the GEMM form, which rounds otherwise)
-    from runtime.kernels import gemm
-
-    monkeypatch.setitem(gemm._GEMM, "min_tokens", None)
-
     import gguf
 
     from aios.models.aliases import FIXTURES_DIR
@@ -226,7 +219,6 @@ def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, 
     kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors if t.name.startswith("blk.0.")}
     for name in ("attn_v", "ffn_up", "ffn_gate", "ffn_down"):
         assert kinds[f"blk.0.{name}.weight"] == preset, kinds  # what the test is about
-    arithmetic("int8")
     ids = list(range(5, 5 + n))
     # each matrix on llama.cpp's own input: V on attn_norm, up and gate on ffn_norm, down on the
     # SwiGLU (q and k are read only after RoPE)
@@ -235,15 +227,16 @@ def test_layer0_32_value_types_equal_llama_cpp_bit_for_bit(preset, n, tmp_path, 
     names = {"attn_norm-0", "Vcur-0", "ffn_norm-0", "ffn_up-0", "ffn_gate-0", "ffn_swiglu-0", "ffn_out-0"}
     theirs = {k: v.reshape(n, -1) for k, v in
               llamacpp.graph_tensors(path, ids, names, n_threads=2, type_k=0, type_v=0).value.items()}
-    m = Model(path, n_ctx=64)
+    # the one-token kernels over the batch (n 24 would take the GEMM form, which rounds otherwise)
+    m = Model(path, n_ctx=64, arithmetic=kernels.Arithmetic("int8", batched=False))
     for name, x, y in (("attn_v", "attn_norm-0", "Vcur-0"), ("ffn_up", "ffn_norm-0", "ffn_up-0"),
                        ("ffn_gate", "ffn_norm-0", "ffn_gate-0"), ("ffn_down", "ffn_swiglu-0", "ffn_out-0")):
-        got = m._mm(m.layers[0][f"{name}.weight"], np.ascontiguousarray(theirs[x], np.float32), 0)
+        got = m._mm(m.layers[0][f"{name}.weight"], np.ascontiguousarray(theirs[x], np.float32), 0, m.arith)
         np.testing.assert_array_equal(got, theirs[y], err_msg=name)
 
 
 @pytest.mark.parametrize("kind", ["llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "falcon-new-decoder", "gpt2"])
-def test_layer0_equals_llama_cpp_on_other_families(kind, tmp_path, arithmetic):
+def test_layer0_equals_llama_cpp_on_other_families(kind, tmp_path):
     """Random-init tiny models of the other runtime rows (Llama 3.1 RoPE factors, sliding
     window, q/k biases, q/k norms, Gemma's scaled embeddings and norms, Gemma 2's attention
     softcap, q scaled before q·k, fused QKV, Falcon-40B's GQA with its second norm, GPT-2's
@@ -263,7 +256,6 @@ def test_layer0_equals_llama_cpp_on_other_families(kind, tmp_path, arithmetic):
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
     q8 = _q8_0(src, tmp_path)
-    arithmetic("int8")
     names = ["attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0"]
     if kind.startswith("gemma"):  # its graph names q before the scaling, the scaled q not at all
         names.remove("Qcur-0")

@@ -131,10 +131,9 @@ def test_one_token_k_quant_kernels_sum_as_ggml_vec_dot(name):
     assert (np.delete(Y2, rows, 1) == -1).all()
 
 
-def test_the_arithmetic_is_a_choice_and_says_what_it_mirrors(arithmetic):
+def test_the_arithmetic_is_a_choice_and_says_what_it_mirrors():
     assert "llamacpp" in kernels.ARITHMETICS
-    arithmetic("llamacpp")
-    label = kernels.arithmetic_label({"Q4_K", "Q6_K", "Q5_0", "Q4_1"})
+    label = kernels.arithmetic_label("llamacpp", {"Q4_K", "Q6_K", "Q5_0", "Q4_1"})
     assert label.startswith("llamacpp") and "Q4_K" in label and "Q5_0" in label and "Q4_1" not in label.split(";")[0]
 
 
@@ -167,7 +166,7 @@ def _needs_llamacpps_order():
 
 
 @pytest.mark.parametrize("n", [5, 12, 24])  # one-token kernels, then llama.cpp's tiled batch (from 8)
-def test_logits_equal_llama_cpps_bit_for_bit(q4_k_m_d256, n, arithmetic):
+def test_logits_equal_llama_cpps_bit_for_bit(q4_k_m_d256, n):
     from aios.reference import llamacpp
     from runtime.model import Model
 
@@ -176,24 +175,22 @@ def test_logits_equal_llama_cpps_bit_for_bit(q4_k_m_d256, n, arithmetic):
 
     kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(q4_k_m_d256)).tensors}
     assert {"Q4_K", "Q6_K"} <= kinds or {"Q5_K", "Q6_K"} <= kinds, kinds  # what the test is about
-    arithmetic("llamacpp")
     ids = list(range(7, 7 + n))
     theirs = llamacpp.logits(q4_k_m_d256, ids, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,
                              type_k=0, type_v=0).value
-    ours = Model(q4_k_m_d256, n_ctx=64).forward(ids, all_logits=True)
+    ours = Model(q4_k_m_d256, n_ctx=64, arithmetic="llamacpp").forward(ids, all_logits=True)
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_greedy_decode_equals_llama_cpps(q4_k_m_d256, arithmetic):
+def test_greedy_decode_equals_llama_cpps(q4_k_m_d256):
     """The prompt as a batch, then one token a step: the one-token kernels and attention too."""
     from aios.reference import llamacpp
     from runtime.generate import generate
     from runtime.model import Model
 
     _needs_llamacpps_order()
-    arithmetic("llamacpp")
     ids = list(range(40, 52))
     theirs = llamacpp.greedy(q4_k_m_d256, ids, 12, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,
                              type_k=0, type_v=0).value
-    ours, _ = generate(Model(q4_k_m_d256, n_ctx=64), ids, 12)
+    ours, _ = generate(Model(q4_k_m_d256, n_ctx=64, arithmetic="llamacpp"), ids, 12)
     assert list(ours) == theirs

@@ -66,22 +66,13 @@ def test_float_rows_match_reference(kind: str, n: int, k: int, T: int) -> None:
     np.testing.assert_allclose(Y, _ref(W, X, np.arange(n)), atol=_tol(W, X), rtol=0)
 
 
-def _in_arithmetic(name, call, *args):
-    before = K.arithmetic()
-    K.set_arithmetic(name)
-    try:
-        call(*args)
-    finally:
-        K.set_arithmetic(before)
-
-
 def _every_kernel():
     """(name, call(W, X, rows, Y), stored W for n rows of k values) for each dense kernel entry."""
     out = [(kind, MM[kind], lambda n, k, kind=kind: _float_bits(RNG.standard_normal((n, k), dtype=np.float32), kind)[0])
            for kind in MM]
     f16 = lambda n, k: _float_bits(RNG.standard_normal((n, k), dtype=np.float32), "f16")[0]  # noqa: E731
     for arith in K.ARITHMETICS:  # mm_f16_arith in each setting (int8: fp16 x, one row or strided)
-        out.append((f"f16_{arith}", lambda W, X, r, Y, arith=arith: _in_arithmetic(arith, K.mm_f16_arith, W, X, r, Y), f16))
+        out.append((f"f16_{arith}", lambda W, X, r, Y, arith=arith: K.mm_f16_arith(W, X, r, Y, K.Arithmetic(arith)), f16))
     for kind in K.BLOCK_TYPES:
         vals = K.QK_K if kind in K.KQ_TYPES else K.QK
         out.append((kind, lambda W, X, r, Y, kind=kind: K.mm_block(kind, W, X, r, Y),
@@ -90,8 +81,8 @@ def _every_kernel():
             out.append((kind + "_int8", lambda W, X, r, Y, kind=kind: K.mm_block_int8(kind, W, X, r, Y),
                         lambda n, k, kind=kind, vals=vals: random_blocks(kind, n, k // vals, RNG)))
         if kind in ("q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k"):  # llama.cpp's order (runtime.kernels.ggml_order)
-            out.append((kind + "_llamacpp", lambda W, X, r, Y, kind=kind: _in_arithmetic(
-                "llamacpp", K.mm_block_arith, kind, W, X, r, Y),
+            out.append((kind + "_llamacpp", lambda W, X, r, Y, kind=kind: K.mm_block_arith(
+                kind, W, X, r, Y, K.Arithmetic("llamacpp")),
                 lambda n, k, kind=kind, vals=vals: random_blocks(kind, n, k // vals, RNG)))
     return out
 
@@ -180,8 +171,8 @@ from numba import types
 from runtime import kernels as K
 A = lambda dt: types.Array(dt, 2, "C")
 sig = (A(types.uint16), A(types.float32), types.Array(types.int64, 1, "C"), A(types.float32), types.int64)
-K._mm_float.compile(sig)
-asm = K._mm_float.inspect_asm(sig)
+K.mm_float_rows.compile(sig)
+asm = K.mm_float_rows.inspect_asm(sig)
 print(K.float_row_prefetch(), "prefetcht0" in asm)
 """
 

@@ -15,6 +15,7 @@ import pytest
 
 from runtime import kernels as K
 from runtime.kernels import amx, dispatch, gemm, kq_tiles
+from runtime.kernels import kept as kept_mod
 from runtime.kernels.quantize import quantize_activations_k
 from tests.runtime.quant_blocks import arithmetic_errors, random_blocks
 
@@ -76,49 +77,42 @@ def test_activations_as_the_b_tile_loads_them(fmt):
     np.testing.assert_allclose(XB[:, :T], d * sums, rtol=1e-7)
 
 
-@pytest.fixture
-def int8_gemm():
-    before = K.arithmetic()
-    K.set_arithmetic("int8")
-    yield
-    K.set_arithmetic(before)
-    K.set_batched_gemm(True)
+I8 = K.Arithmetic("int8", batched=True)
 
 
 @needs_amx
 @pytest.mark.parametrize("fmt", kq_tiles.TILE_TYPES)
 @pytest.mark.parametrize("nb", [1, 3])
-def test_amx_equals_the_one_token_kernels(fmt, nb, int8_gemm):
+def test_amx_equals_the_one_token_kernels(fmt, nb):
     b32 = fmt in kq_tiles.B32_TILES
     block = 32 if b32 else 256
     nblocks = 7 * nb if b32 else nb  # 32-value types: 7 and 21 blocks (odd group counts)
     W = random_blocks(fmt, 39, nblocks, RNG)  # a ragged last tile of 7 rows
-    T = gemm.GEMM_MIN_TOKENS + amx.AMX_TOKENS + 3  # three token blocks, the last of 3 tokens
+    T = K.GEMM_MIN_TOKENS + amx.AMX_TOKENS + 3  # three token blocks, the last of 3 tokens
     X = RNG.standard_normal((T, block * nblocks)).astype(np.float32)
     assert amx.amx_runs(fmt, X.shape[1])
     out = []
     for on in (False, True):
-        K.set_batched_gemm(on)
         Y = np.full((T, 39), np.nan, np.float32)
-        K.mm_block_arith(fmt, W, X, None, Y)
+        K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int8", batched=on))
         out.append(Y.astype(np.float64))
     per_token, tiles = out
     assert np.isfinite(tiles).all()
     Wf = np.abs(K.decode_rows_at(fmt, W, np.arange(39)).astype(np.float64))
-    Xq = np.abs(dispatch._dequantized(X, fmt).astype(np.float64))
+    Xq = np.abs(dispatch._dequantized(X, fmt, I8).astype(np.float64))
     tol = 2e-3 if fmt in K.AFFINE_B32 else 1e-5  # Q8_1's fp16 block sums in the one-token kernel
     assert (np.abs(tiles - per_token) <= tol * (Xq @ Wf.T) + 1e-30).all()
 
 
 @needs_amx
-def test_chunks_of_rows_and_a_row_offset(monkeypatch, int8_gemm):
+def test_chunks_of_rows_and_a_row_offset(monkeypatch):
     W = random_blocks("q5_k", 70, 2, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 512)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
     whole = np.empty((X.shape[0], 70), np.float32)
-    K.mm_block_arith("q5_k", W, X, None, whole)
+    K.mm_block_arith("q5_k", W, X, None, whole, I8)
     monkeypatch.setattr(gemm, "CHUNK_VALUES", 20 * 512)  # 16 rows a chunk: 5 chunks, the last of 6
     chunked = np.empty_like(whole)
-    K.mm_block_arith("q5_k", W, X, None, chunked)
+    K.mm_block_arith("q5_k", W, X, None, chunked, I8)
     np.testing.assert_array_equal(chunked, whole)
     wide = np.zeros((X.shape[0], 90), np.float32)  # a strided Y: computed aside, then copied in
     amx.mm_amx("q5_k", W, amx.arranged_amx("q5_k", *K.quantize_activations_k(X)), wide[:, 10:80], gemm.CHUNK_VALUES)
@@ -126,7 +120,7 @@ def test_chunks_of_rows_and_a_row_offset(monkeypatch, int8_gemm):
     assert not wide[:, :10].any() and not wide[:, 80:].any()
     monkeypatch.setitem(amx._STATE, "ok", False)  # the register tiles: the same sums to float rounding
     tiles = np.empty_like(whole)
-    K.mm_block_arith("q5_k", W, X, None, tiles)
+    K.mm_block_arith("q5_k", W, X, None, tiles, I8)
     np.testing.assert_allclose(tiles, whole, rtol=1e-4, atol=1e-5 * np.abs(whole).max())
 
 
@@ -139,40 +133,41 @@ def test_off_when_asked_or_compiling_for_another_cpu(env):
 
 
 @needs_amx
-def test_kept_unpacked_rows_are_reused_and_freed(monkeypatch, int8_gemm):
+def test_kept_unpacked_rows_are_reused_and_freed(monkeypatch):
     W = random_blocks("q4_k", 40, 2, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 512)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
     fresh = np.empty((X.shape[0], 40), np.float32)
-    K.mm_block_arith("q4_k", W, X, None, fresh)
+    K.mm_block_arith("q4_k", W, X, None, fresh, I8)
     calls = []
-    real = amx.unpack_rows
-    monkeypatch.setattr(amx, "unpack_rows", lambda *a: (calls.append(1), real(*a))[1])
-    with amx.kept_unpacked():
+    for mod in (amx, kept_mod):  # per matmul's chunks, and the kept form
+        monkeypatch.setattr(mod, "unpack_rows", lambda *a, real=mod.unpack_rows: (calls.append(1), real(*a))[1])
+    with K.kept_unpacked() as store:
         for _ in range(3):
             Y = np.empty_like(fresh)
-            K.mm_block_arith("q4_k", W, X, None, Y)
+            K.mm_block_arith("q4_k", W, X, None, Y, I8.keeping(store))
             np.testing.assert_array_equal(Y, fresh)
-        assert len(calls) == 1 and amx._KEPT["bytes"] > 0  # unpacked once, then kept
-    assert amx._KEPT["mats"] == {} and not amx._KEPT["on"]
+        assert len(calls) == 1 and store.nbytes > 0  # unpacked once, then kept
+    assert store.mats == {}
     calls.clear()
-    K.mm_block_arith("q4_k", W, X, None, Y)
+    K.mm_block_arith("q4_k", W, X, None, Y, I8)
     per_matmul = len(calls)  # its chunks of rows
-    with amx.kept_unpacked(budget=1000):  # over the budget: unpacked per matmul, nothing kept
+    with K.kept_unpacked(budget=1000) as store:  # over the budget: unpacked per matmul, nothing kept
         for _ in range(2):
-            K.mm_block_arith("q4_k", W, X, None, Y)
-        assert len(calls) == 3 * per_matmul and amx._KEPT["mats"] == {}
+            K.mm_block_arith("q4_k", W, X, None, Y, I8.keeping(store))
+        assert len(calls) == 3 * per_matmul and store.mats == {}
     np.testing.assert_array_equal(Y, fresh)
-    one = amx.unpacked_bytes("q4_k", 40, 512)
+    one = kept_mod.unpacked_bytes("q4_k", 40, 512)
     calls.clear()
-    with amx.kept_unpacked(budget=one, matrices=[("q4_k", 40, 512), ("q4_k", 40, 512), ("f32", 9, 9)]):
+    with K.kept_unpacked(budget=one, matrices=[("q4_k", 40, 512), ("q4_k", 40, 512), ("f32", 9, 9)]) as store:
         for _ in range(2):  # half the passes' matrices fit: kept
-            K.mm_block_arith("q4_k", W, X, None, Y)
-        assert len(calls) == 1 and amx._KEPT["bytes"] == one
+            K.mm_block_arith("q4_k", W, X, None, Y, I8.keeping(store))
+        assert len(calls) == 1 and store.nbytes == one
     calls.clear()
-    with amx.kept_unpacked(budget=one, matrices=[("q4_k", 40, 512)] * 3):
-        for _ in range(2):  # a third fits: a cycle through them would gain a third, nothing is kept
-            K.mm_block_arith("q4_k", W, X, None, Y)
-        assert len(calls) == 2 * per_matmul and amx._KEPT["mats"] == {}
+    with K.kept_unpacked(budget=one, matrices=[("q4_k", 40, 512)] * 3) as store:
+        assert store is None  # a third fits: a cycle through them would gain a third, nothing is kept
+        for _ in range(2):
+            K.mm_block_arith("q4_k", W, X, None, Y, I8.keeping(store))
+        assert len(calls) == 2 * per_matmul
     np.testing.assert_array_equal(Y, fresh)
 
 
@@ -186,7 +181,7 @@ def test_int16_two_planes_equal_the_float_product(fmt):
     block = 32 if b32 else 256
     nblocks = 21 if b32 else 3
     W = random_blocks(fmt, 39, nblocks, RNG)
-    T = gemm.GEMM_MIN_TOKENS + amx.AMX_TOKENS + 3
+    T = K.GEMM_MIN_TOKENS + amx.AMX_TOKENS + 3
     X = RNG.standard_normal((T, block * nblocks)).astype(np.float32)
     X[:, ::7] *= 20  # outliers: the int8 blocks round the rest of their block coarsely
     err = arithmetic_errors(fmt, W, X)
@@ -194,13 +189,8 @@ def test_int16_two_planes_equal_the_float_product(fmt):
 
 
 def test_int16_label_says_where_it_runs(monkeypatch):
-    before = K.arithmetic()
-    try:
-        K.set_arithmetic("int16")
-        monkeypatch.setitem(amx._STATE, "ok", True)
-        assert "AMX tiles on two int8 activation planes" in K.arithmetic_label(["Q4_K"])
-        monkeypatch.setitem(amx._STATE, "ok", False)
-        assert "register tiles" in K.arithmetic_label(["Q4_K"])
-        assert K.arithmetic_label(["IQ4_NL"]).startswith("int16 (float here")
-    finally:
-        K.set_arithmetic(before)
+    monkeypatch.setitem(amx._STATE, "ok", True)
+    assert "AMX tiles on two int8 activation planes" in K.arithmetic_label("int16", ["Q4_K"])
+    monkeypatch.setitem(amx._STATE, "ok", False)
+    assert "register tiles" in K.arithmetic_label("int16", ["Q4_K"])
+    assert K.arithmetic_label("int16", ["IQ4_NL"]).startswith("int16 (float here")

@@ -13,22 +13,12 @@ from tests.runtime.quant_blocks import random_blocks
 RNG = np.random.default_rng(7)
 
 
-@pytest.fixture
-def arithmetic_restored():
-    before = K.arithmetic()
-    yield
-    K.set_arithmetic(before)
-    K.set_batched_gemm(True)
-
-
 def _both(kind, W, X, arith):
     """Y of the one-token kernels (GEMM off) and of the GEMM form, in ``arith``."""
-    K.set_arithmetic(arith)
     out = []
     for on in (False, True):
-        K.set_batched_gemm(on)
         Y = np.empty((X.shape[0], W.shape[0]), np.float32)
-        K.mm_block_arith(kind, W, X, None, Y)
+        K.mm_block_arith(kind, W, X, None, Y, K.Arithmetic(arith, batched=on))
         out.append(Y)
     return out
 
@@ -37,17 +27,17 @@ def _scale(kind, W, X, arith):
     """|Ŵ|·|X̂|ᵀ: the size of each output's terms, what float32 rounding is relative to."""
     Wf = np.abs(K.decode_rows_at(kind, W, np.arange(W.shape[0])).astype(np.float64))
     if arith == "int8":
-        X = dispatch._dequantized(X, kind)
+        X = dispatch._dequantized(X, kind, K.Arithmetic(arith))
     return np.abs(X.astype(np.float64)) @ Wf.T
 
 
 @pytest.mark.parametrize("arith", ["int8", "float"])
 @pytest.mark.parametrize("kind", K.BLOCK_TYPES)
-def test_gemm_equals_the_one_token_kernels(kind, arith, arithmetic_restored):
+def test_gemm_equals_the_one_token_kernels(kind, arith):
     block = 256 if kind in K.KQ_TYPES else 32
     nb = 4 if block == 256 else 24
     W = random_blocks(kind, 37, nb, RNG)  # 37 rows: groups of 4 with a ragged tail
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, block * nb)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS + 3, block * nb)).astype(np.float32)
     per_token, batched = _both(kind, W, X, arith)
     assert np.isfinite(batched).all()
     # the affine types' minimum meets Q8_1's fp16-rounded block sum in the one-token kernel and
@@ -57,8 +47,8 @@ def test_gemm_equals_the_one_token_kernels(kind, arith, arithmetic_restored):
     assert (err <= tol * _scale(kind, W, X, arith) + 1e-30).all(), float((err / _scale(kind, W, X, arith)).max())
 
 
-@pytest.mark.parametrize("kind, tokens", [("q5_0", gemm.GEMM_MIN_TOKENS - 1), ("q4_k", dispatch.KQ_ROWS_MIN_TOKENS - 1)])
-def test_below_the_threshold_nothing_changes(kind, tokens, arithmetic_restored):
+@pytest.mark.parametrize("kind, tokens", [("q5_0", K.GEMM_MIN_TOKENS - 1), ("q4_k", dispatch.KQ_ROWS_MIN_TOKENS - 1)])
+def test_below_the_threshold_nothing_changes(kind, tokens):
     """Below GEMM_MIN_TOKENS (the K-quants' int8: below KQ_ROWS_MIN_TOKENS, where their row
     tiles start as llama.cpp's tiled path does) the batched forms run the one-token kernels."""
     W = random_blocks(kind, 9, 2 if kind == "q4_k" else 16, RNG)
@@ -67,27 +57,25 @@ def test_below_the_threshold_nothing_changes(kind, tokens, arithmetic_restored):
     assert per_token.tobytes() == batched.tobytes()
 
 
-def test_chunks_of_rows_equal_one_chunk(monkeypatch, arithmetic_restored):
+def test_chunks_of_rows_equal_one_chunk(monkeypatch):
     # the output head is decoded and multiplied in chunks of CHUNK_VALUES values
     W = random_blocks("q5_0", 50, 8, RNG)
     X = RNG.standard_normal((20, 256)).astype(np.float32)
-    K.set_arithmetic("float")
     whole = np.empty((20, 50), np.float32)
-    K.mm_block_arith("q5_0", W, X, None, whole)
+    K.mm_block_arith("q5_0", W, X, None, whole, K.Arithmetic("float"))
     monkeypatch.setattr(gemm, "CHUNK_VALUES", 7 * 256)  # 7 rows a chunk: 8 chunks, the last of 1
     chunked = np.empty((20, 50), np.float32)
-    K.mm_block_arith("q5_0", W, X, None, chunked)
+    K.mm_block_arith("q5_0", W, X, None, chunked, K.Arithmetic("float"))
     np.testing.assert_allclose(chunked, whole, rtol=1e-6, atol=1e-6)
 
 
-def test_rows_subset_keeps_the_one_token_kernels(arithmetic_restored):
+def test_rows_subset_keeps_the_one_token_kernels():
     # the sparse modes pass ``rows``: those products stay on the kernels that read only them
     W = random_blocks("q8_0", 16, 4, RNG)
     X = RNG.standard_normal((24, 128)).astype(np.float32)
     rows = np.array([1, 5, 9], np.int64)
-    K.set_arithmetic("int8")
     Y = np.zeros((24, 16), np.float32)
-    K.mm_block_arith("q8_0", W, X, rows, Y)
+    K.mm_block_arith("q8_0", W, X, rows, Y, K.Arithmetic("int8"))
     assert not Y[:, np.setdiff1d(np.arange(16), rows)].any() and Y[:, rows].any()
 
 
@@ -95,7 +83,7 @@ def test_switched_off_by_the_environment(tmp_path):
     import subprocess
     import sys
 
-    code = "from runtime import kernels as K; print(K.use_gemm(512), K.use_gemm(8))"
+    code = "from runtime import kernels as K; a = K.Arithmetic(); print(a.use_gemm(512), a.use_gemm(8))"
     env_on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     import os
 

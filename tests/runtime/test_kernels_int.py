@@ -107,7 +107,7 @@ def test_int8_is_the_float_path_up_to_activation_rounding(kind):
         assert np.linalg.norm(Yf - ref) / np.linalg.norm(ref) <= 1e-5
 
 
-def test_matrix_matmul_follows_the_setting(arithmetic):
+def test_matrix_matmul_follows_the_setting():
     n, nb = 8, 20
     raw = _weights("q4_0", n, nb)[1]
     m = Matrix("w", "Q4_0", n, 32 * nb, raw)
@@ -116,52 +116,45 @@ def test_matrix_matmul_follows_the_setting(arithmetic):
     Yi, Yf = np.zeros((2, n), np.float32), np.zeros((2, n), np.float32)
     K.mm_block_int8("q4_0", raw, X, rows, Yi)
     K.mm_block("q4_0", raw, X, rows, Yf)
-    arithmetic("int8")
-    assert np.array_equal(m.matmul(X), Yi)
-    arithmetic("float")
-    assert np.array_equal(m.matmul(X), Yf) and not np.array_equal(Yi, Yf)
+    assert np.array_equal(m.matmul(X), Yi)  # the default: int8
+    assert np.array_equal(m.matmul(X, None, K.Arithmetic("int8")), Yi)
+    assert np.array_equal(m.matmul(X, None, K.Arithmetic("float")), Yf) and not np.array_equal(Yi, Yf)
 
 
-def test_setting_and_labels(arithmetic):
+def test_setting_and_labels():
     from aios.errors import UsageError
 
     assert K.ARITHMETICS[0] == "int8" and set(K.ARITHMETICS) == {"int8", "float", "int16", "llamacpp"}
     with pytest.raises(UsageError):
-        arithmetic("int4")
-    arithmetic("int8")
-    label = K.arithmetic_label({"Q8_0", "F32"})
+        K.Arithmetic("int4")
+    label = K.arithmetic_label("int8", {"Q8_0", "F32"})
     assert label.startswith("int8 (Q8_0 activations, ") and K.INT_DOT_NAMES[K.int_dot_features()] in label
-    assert K.arithmetic_label({"F32", "BF16"}) == "float"  # nothing to quantize against
-    assert K.arithmetic_label({"F32", "F16"}) == "fp16 activations (F16 weights, as ggml's vec_dot_f16)"
-    assert K.arithmetic_label({"Q8_0", "F16"}).endswith("; F16 weights: fp16 activations)")
-    assert K.arithmetic_label({"Q4_0", "Q3_K"}).startswith("int8 (Q8_0/Q8_K activations, ")
-    arithmetic("float")
-    assert K.arithmetic_label({"Q8_0"}) == "float" and K.arithmetic_label({"F16"}) == "float"
-    arithmetic("int16")
-    assert K.arithmetic_label({"Q8_0"}).startswith("int16 (float")
-    arithmetic("llamacpp")  # which types it sums in llama.cpp's order (tests/runtime/test_ggml_order.py)
-    label = K.arithmetic_label({"Q5_0", "Q5_K", "Q6_K", "Q4_1"})
+    assert K.arithmetic_label("int8", {"F32", "BF16"}) == "float"  # nothing to quantize against
+    assert K.arithmetic_label("int8", {"F32", "F16"}) == "fp16 activations (F16 weights, as ggml's vec_dot_f16)"
+    assert K.arithmetic_label("int8", {"Q8_0", "F16"}).endswith("; F16 weights: fp16 activations)")
+    assert K.arithmetic_label("int8", {"Q4_0", "Q3_K"}).startswith("int8 (Q8_0/Q8_K activations, ")
+    assert K.arithmetic_label("float", {"Q8_0"}) == "float" and K.arithmetic_label("float", {"F16"}) == "float"
+    assert K.arithmetic_label("int16", {"Q8_0"}).startswith("int16 (float")
+    label = K.arithmetic_label("llamacpp", {"Q5_0", "Q5_K", "Q6_K", "Q4_1"})
     assert label.startswith("llamacpp (int8 summed in llama.cpp's order: Q5_0/Q5_K/Q6_K") and label.endswith(
         "; other types int8)")
     assert ("not this CPU's build" in label) == (K.int_dot_features() != "avx512vnni")
 
 
 @pytest.mark.parametrize("n,k,T", [(1, 32, 1), (13, 4096, 1), (9, 8192, 2), (21, 8224, 1), (6, 40, 2)])
-def test_f16_follows_the_setting(arithmetic, n, k, T):
+def test_f16_follows_the_setting(n, k, T):
     """F16 weights: under int8 (llama.cpp's arithmetic) x is rounded to fp16 first, as ggml's
     vec_dot_f16 does; one row at a time up to ONE_ROW_X_BYTES of x, the strided eight past it,
     the plain loop when k is not a multiple of 32. Under float, x stays float32: mm_f16 exactly."""
     W = RNG.standard_normal((n, k), dtype=np.float32).astype(np.float16)
     X = RNG.standard_normal((T, k), dtype=np.float32)
-    arithmetic("int8")
     Yi = np.full((T, n), np.nan, np.float32)
-    K.mm_f16_arith(W.view(np.uint16), X, None, Yi)
+    K.mm_f16_arith(W.view(np.uint16), X, None, Yi, K.Arithmetic("int8"))
     ref = X.astype(np.float16).astype(np.float64) @ W.astype(np.float64).T
     bound = np.abs(X.astype(np.float16).astype(np.float64)) @ np.abs(W.astype(np.float64)).T
     assert np.all(np.abs(Yi - ref) <= 1e-6 * bound + 1e-7)
-    arithmetic("float")
     Yf, Y = np.full((T, n), np.nan, np.float32), np.full((T, n), np.nan, np.float32)
-    K.mm_f16_arith(W.view(np.uint16), X, None, Yf)
+    K.mm_f16_arith(W.view(np.uint16), X, None, Yf, K.Arithmetic("float"))
     K.mm_f16(W.view(np.uint16), X, None, Y)
     assert np.array_equal(Yf, Y)
     exact = X.astype(np.float64) @ W.astype(np.float64).T
@@ -190,7 +183,7 @@ def test_int_kernel_emits_integer_dot():
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
-def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
+def test_whole_model_int8_vs_float(exported, outtype):
     from runtime.generate import generate
     from runtime.model import Model
 
@@ -198,8 +191,7 @@ def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
     ids = list(range(1, 25))
     out = {}
     for a in ("float", "int8"):
-        arithmetic(a)
-        m = Model(path)
+        m = Model(path, arithmetic=a)
         logits = m.forward(ids, all_logits=True)
         m.reset()
         toks, _ = generate(m, ids, 12)
@@ -210,8 +202,7 @@ def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
     assert 0 < err <= 2e-2, err
     assert (li.argmax(axis=1) == lf.argmax(axis=1)).mean() >= 0.9
     # the float setting is the float kernel: every block matmul of the model bit for bit
-    arithmetic("float")
-    m = Model(path)
+    m = Model(path, arithmetic="float")
     mats = [t for t in m.reader.tensors if t.tensor_type.name == outtype.upper() and len(t.shape) == 2]
     from runtime.weights import from_gguf_tensor
 
@@ -219,10 +210,10 @@ def test_whole_model_int8_vs_float(exported, arithmetic, outtype):
     w = from_gguf_tensor(mats[0])
     Y = np.zeros((2, w.n_out), np.float32)
     K.mm_block(outtype, w.data, X, np.arange(w.n_out, dtype=np.int64), Y)
-    assert np.array_equal(w.matmul(X), Y)
+    assert np.array_equal(w.matmul(X, None, m.arith), Y)
 
 
-def test_int8_arithmetic_takes_llama_cpps_gelu(exported, arithmetic):
+def test_int8_arithmetic_takes_llama_cpps_gelu(exported):
     """Falcon (HF "gelu", erf): the float path keeps erf GELU; the int8 path, llama.cpp's
     arithmetic, takes ggml's fp16-table tanh GELU, and only where int8 kernels run (an F16 file
     keeps the checkpoint's own activation whatever the setting)."""
@@ -230,13 +221,12 @@ def test_int8_arithmetic_takes_llama_cpps_gelu(exported, arithmetic):
 
     q8, _ = exported("tiny-falcon", "q8_0")
     f16, _ = exported("tiny-falcon", "f16")
-    arithmetic("int8")
-    assert Model(q8)._activation() == GGML_GELU and Model(f16)._activation() == "gelu"
-    arithmetic("float")
-    assert Model(q8)._activation() == "gelu"
+    i8, flt = K.Arithmetic("int8"), K.Arithmetic("float")
+    assert Model(q8)._activation(i8) == GGML_GELU and Model(f16)._activation(i8) == "gelu"
+    assert Model(q8)._activation(flt) == "gelu"
 
 
-def test_cli_arithmetic_option(exported, arithmetic):
+def test_cli_arithmetic_option(exported):
     import json
 
     from click.testing import CliRunner
@@ -248,7 +238,6 @@ def test_cli_arithmetic_option(exported, arithmetic):
         res = CliRunner().invoke(main, ["generate", str(path), "-p", "The list type", "-n", "4", "--arithmetic", a])
         assert res.exit_code == 0, res.output
         assert f"arithmetic {a}" in res.stdout
-        assert K.arithmetic() == a
     res = CliRunner().invoke(main, ["bench", str(path), "--no-project", "--prompt-tokens", "8", "-n", "3",
                                     "--arithmetic", "float", "--json"])
     assert res.exit_code == 0, res.output

@@ -111,7 +111,7 @@ def test_int8_kq_is_the_float_path_up_to_activation_rounding(kind):
 
 
 @pytest.mark.parametrize("kind", K.KQ_INT)
-def test_matrix_matmul_follows_the_setting(arithmetic, kind):
+def test_matrix_matmul_follows_the_setting(kind):
     n, nsb = 8, 4
     raw = _weights(kind, n, nsb)[-1]
     m = Matrix("w", kind.upper(), n, QK_K * nsb, raw)
@@ -120,30 +120,25 @@ def test_matrix_matmul_follows_the_setting(arithmetic, kind):
     Yi, Yf = np.zeros((2, n), np.float32), np.zeros((2, n), np.float32)
     K.mm_block_int8(kind, raw, X, rows, Yi)
     K.mm_block(kind, raw, X, rows, Yf)
-    arithmetic("int8")
-    assert np.array_equal(m.matmul(X), Yi)
-    arithmetic("float")
-    assert np.array_equal(m.matmul(X), Yf) and not np.array_equal(Yi, Yf)
+    assert np.array_equal(m.matmul(X, None, K.Arithmetic("int8")), Yi)
+    assert np.array_equal(m.matmul(X, None, K.Arithmetic("float")), Yf) and not np.array_equal(Yi, Yf)
 
 
-def test_labels_name_the_int8_k_quants(arithmetic):
-    arithmetic("int8")
-    label = K.arithmetic_label({"Q4_K", "Q6_K", "F32"})
+def test_labels_name_the_int8_k_quants(monkeypatch):
+    from runtime.kernels import dispatch
+
+    i8 = K.Arithmetic("int8")
+    label = K.arithmetic_label(i8, {"Q4_K", "Q6_K", "F32"})
     amx = f"; from {K.GEMM_MIN_TOKENS} tokens: AMX tiles" if K.amx_available() else ""
     assert label == f"int8 (Q8_K activations, {K.KQ_DOT_NAMES[K.int_dot_features()]}{amx})"
-    label = K.arithmetic_label({"Q4_K", "Q3_K", "Q8_0"})
+    label = K.arithmetic_label(i8, {"Q4_K", "Q3_K", "Q8_0"})
     assert "Q8_0/Q8_K activations" in label and "float" not in label
-    assert K.arithmetic_label(None).startswith("int8 (Q8_0/Q8_K activations, ")
-    assert K.arithmetic_label({"BF16", "F32"}) == "float"  # no int8 kernel among them, no F16
+    assert K.arithmetic_label(i8, None).startswith("int8 (Q8_0/Q8_K activations, ")
+    assert K.arithmetic_label(i8, {"BF16", "F32"}) == "float"  # no int8 kernel among them, no F16
     # a type taken out of the int8 set (as a type int8 would be slower for) is named as float
-    saved = K.INT8_DEFAULT
-    try:
-        K.INT8_DEFAULT = saved - {"q3_k"}
-        assert K.arithmetic_label({"Q4_K", "Q3_K"}).endswith("; Q3_K float)")
-    finally:
-        K.INT8_DEFAULT = saved
-    arithmetic("float")
-    assert K.arithmetic_label({"Q4_K", "Q6_K"}) == "float"
+    monkeypatch.setattr(dispatch, "INT8_DEFAULT", K.INT8_DEFAULT - {"q3_k"})
+    assert K.arithmetic_label(i8, {"Q4_K", "Q3_K"}).endswith("; Q3_K float)")
+    assert K.arithmetic_label("float", {"Q4_K", "Q6_K"}) == "float"
 
 
 def test_kq_int_kernel_emits_integer_dot():
@@ -190,7 +185,7 @@ def d256_f16(tmp_path_factory):
 
 @pytest.mark.parametrize("preset,kinds", [("Q4_K_M", ("Q4_K", "Q6_K")), ("Q5_K_M", ("Q5_K", "Q6_K")),
                                           ("IQ4_XS", ("IQ4_XS",)), ("Q2_K", ("Q2_K",)), ("Q3_K_M", ("Q3_K",))])
-def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, preset, kinds):
+def test_whole_k_quant_model_int8_vs_float(d256_f16, tmp_path, preset, kinds):
     import gguf
 
     from runtime.generate import generate
@@ -204,8 +199,7 @@ def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, prese
     ids = list(range(5, 30))
     out = {}
     for a in ("float", "int8"):
-        arithmetic(a)
-        m = Model(path)
+        m = Model(path, arithmetic=a)
         logits = m.forward(ids, all_logits=True)
         m.reset()
         toks, _ = generate(m, ids, 16)
@@ -220,7 +214,6 @@ def test_whole_k_quant_model_int8_vs_float(d256_f16, arithmetic, tmp_path, prese
         top = np.sort(lg)[::-1]
         assert top[0] - top[1] <= 2e-2 * np.abs(lg).max(), (step, top[:2])
     # the float setting is the float kernel: each K-quant matrix bit for bit
-    arithmetic("float")
     for kind in kinds:
         t = next(t for t in mf.reader.tensors if t.tensor_type.name == kind and len(t.shape) == 2)
         float_setting_is_the_float_kernel(from_gguf_tensor(t), RNG.standard_normal((2, t.shape[0]), dtype=np.float32))
@@ -242,12 +235,12 @@ SPECIALIZATIONS_REL = 1e-6
 
 
 def float_setting_is_the_float_kernel(w, X: np.ndarray) -> None:
-    """``w.matmul`` under ``set_arithmetic("float")`` is ``mm_block``: bit for bit against the same
+    """``w.matmul`` in the "float" arithmetic is ``mm_block``: bit for bit against the same
     specialization (all rows), within SPECIALIZATIONS_REL of max|Y| with an explicit row list.
     The int8 path would differ by ~1 % (the activations' 8-bit rounding)."""
     Y = np.zeros((X.shape[0], w.n_out), np.float32)
     K.mm_block(w.kind.lower(), w.data, X, None, Y)
-    assert np.array_equal(w.matmul(X), Y), w.name
+    assert np.array_equal(w.matmul(X, None, K.Arithmetic("float")), Y), w.name
     Ys = np.zeros_like(Y)
     K.mm_block(w.kind.lower(), w.data, X, np.arange(w.n_out, dtype=np.int64), Ys)
     assert np.abs(Ys - Y).max() <= SPECIALIZATIONS_REL * np.abs(Y).max(), (w.name, np.abs(Ys - Y).max())
@@ -262,7 +255,6 @@ from tests.runtime.quant_blocks import random_blocks
 from tests.runtime.test_kernels_int_k import float_setting_is_the_float_kernel
 
 rng = np.random.default_rng(3)
-K.set_arithmetic("float")
 for kind in ("Q2_K", "Q4_K", "Q5_K"):
     w = Matrix("m", kind, 2048, 256, random_blocks(kind.lower(), 2048, 1, rng))
     X = rng.standard_normal((2, 256), dtype=np.float32)

@@ -1,6 +1,5 @@
-"""runtime.kernels is a package of one module per seam that answers as the single module it was:
-every public name of its modules under ``kernels.X``, one object per piece of state, and an
-assignment to ``kernels.X`` seen by the functions that read X in the submodules."""
+"""runtime.kernels is a package of one module per seam: every public name of its modules under
+``kernels.X``, and the arithmetic a value the caller passes (``kernels.Arithmetic``)."""
 
 from __future__ import annotations
 
@@ -8,9 +7,12 @@ import importlib
 import pkgutil
 
 import numpy as np
+import pytest
 
 from runtime import kernels as K
-from runtime.kernels import dispatch, threads
+from runtime.kernels import dispatch
+
+RNG = np.random.default_rng(3)
 
 
 def test_every_public_name_of_the_modules_is_a_package_name():
@@ -22,23 +24,24 @@ def test_every_public_name_of_the_modules_is_a_package_name():
     assert len(K.__all__) == len(set(K.__all__)) and all(hasattr(K, n) for n in K.__all__)
 
 
-def test_the_state_is_one_object():
-    assert K._THREADS is threads._THREADS and K._SHARED is dispatch._SHARED
-    X = np.zeros((1, 32), np.float32)
-    K.share_input(X)
-    try:
-        assert K._SHARED["x"] is X
-    finally:
-        K.share_input(None)
+def test_an_arithmetic_is_a_value():
+    """The arithmetic is passed, never set: an unknown name is one sentence (exit 2), the value's
+    per-call forms leave it unchanged, and a shared input is quantized once for its matmuls."""
+    from aios.errors import UsageError
+
+    with pytest.raises(UsageError, match="Unknown arithmetic 'int4'"):
+        K.Arithmetic("int4")
+    a = K.Arithmetic("int16", batched=True)
+    assert a.for_head().head and not a.head and a.for_head().name == "int16"
+    X = RNG.standard_normal((2, 64)).astype(np.float32)
+    s = a.sharing(X)
+    made = []
+    first = s.cached(X, "k", lambda: made.append(1) or object())
+    assert s.cached(X, "k", lambda: made.append(1)) is first and made == [1]
+    assert a.shared is None and s.cached(X.copy(), "k", lambda: "other") == "other"  # another input: not shared
 
 
-def test_an_assignment_reaches_the_functions_that_read_the_name(arithmetic, monkeypatch):
-    arithmetic("int8")
-    saved = K.INT8_DEFAULT
-    monkeypatch.setattr(K, "INT8_DEFAULT", saved - {"q3_k"})
-    assert dispatch.INT8_DEFAULT is K.INT8_DEFAULT
-    assert K.arithmetic_label({"Q4_K", "Q3_K"}).endswith("; Q3_K float)")
-    monkeypatch.setattr(K, "OMP_SET_HERE", ("X",))
-    assert threads.OMP_SET_HERE == ("X",)
-    monkeypatch.undo()
-    assert dispatch.INT8_DEFAULT is saved and threads.OMP_SET_HERE is K.OMP_SET_HERE
+def test_a_type_set_is_read_where_it_is_defined(monkeypatch):
+    saved = dispatch.INT8_DEFAULT
+    monkeypatch.setattr(dispatch, "INT8_DEFAULT", saved - {"q3_k"})
+    assert K.arithmetic_label(K.Arithmetic("int8"), {"Q4_K", "Q3_K"}).endswith("; Q3_K float)")

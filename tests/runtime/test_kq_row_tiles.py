@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from runtime import kernels as K
-from runtime.kernels import amx, dispatch, gemm, kq_row_tiles, kq_tiles
+from runtime.kernels import dispatch, kq_row_tiles, kq_tiles
+from runtime.kernels import kept as kept_mod
 from runtime.kernels.quantize import quantize_activations_k
 from tests.runtime.quant_blocks import random_blocks
 
@@ -112,7 +113,7 @@ def test_the_runtime_takes_them_kept_or_not_in_int8_and_int16(fmt, no_amx, monke
     (two planes) the float product within 1e-4 of its scale where int8 is > 30x off; inside
     ``kept_unpacked`` the groups are built once and reused, same products, freed on exit."""
     W = random_blocks(fmt, 41, 2, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, 512)).astype(f32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS + 3, 512)).astype(f32)
     X[:, ::7] *= 20
     seen = []
     monkeypatch.setattr(dispatch, "mm_kq_rows", lambda f, W, xs, Y, kept: seen.append((xs[2] is not xs[0], kept is not None))
@@ -121,42 +122,39 @@ def test_the_runtime_takes_them_kept_or_not_in_int8_and_int16(fmt, no_amx, monke
     exact, scale = X.astype(np.float64) @ Wf.T, np.abs(X).astype(np.float64) @ np.abs(Wf).T
     fresh = {}
     for arith in ("int8", "int16"):
-        K.set_arithmetic(arith)
         fresh[arith] = np.full(exact.shape, np.nan, f32)
-        K.mm_block_arith(fmt, W, X, None, fresh[arith])
+        K.mm_block_arith(fmt, W, X, None, fresh[arith], K.Arithmetic(arith))
     if not kq_tiles.tiled(fmt):
         pytest.skip(f"{fmt} keeps the float32 GEMM on this CPU")
     np.testing.assert_array_equal(fresh["int8"], _as_llama_cpp(fmt, W, X))
     err8, err16 = (float((np.abs(fresh[a] - exact) / scale).max()) for a in ("int8", "int16"))
     assert err16 < 1e-4 and err8 > 30 * err16, (err8, err16)
     builds = []
-    monkeypatch.setattr(amx, "group_kq_rows", lambda *a: builds.append(1) or kq_row_tiles.group_kq_rows(*a))
-    assert amx.kept_layout(fmt, 512) == "rows"
-    with amx.kept_unpacked(matrices=[(fmt, 41, 512)]):
+    monkeypatch.setattr(kept_mod, "group_kq_rows", lambda *a: builds.append(1) or kq_row_tiles.group_kq_rows(*a))
+    assert kept_mod.kept_layout(fmt, 512) == "rows"
+    with K.kept_unpacked(matrices=[(fmt, 41, 512)]) as store:
         for arith in ("int8", "int8", "int16"):
-            K.set_arithmetic(arith)
             Y = np.empty_like(fresh[arith])
-            K.mm_block_arith(fmt, W, X, None, Y)
+            K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic(arith).keeping(store))
             np.testing.assert_array_equal(Y, fresh[arith])
-        assert builds == [1] and amx._KEPT["bytes"] == amx.unpacked_bytes(fmt, 41, 512, "rows")
+        assert builds == [1] and store.nbytes == kept_mod.unpacked_bytes(fmt, 41, 512, "rows")
     assert seen == [(False, False), (True, False), (False, True), (False, True), (True, True)]
-    assert amx._KEPT["mats"] == {} and not amx._KEPT["on"]
+    assert store.mats == {}
 
 
 @pytest.mark.parametrize("fmt", ["q6_k", "q8_0"])
 def test_the_output_head_takes_one_plane_under_int16(fmt, no_amx):
-    """``kernels.output_head()``: under int16 the head's many-token matmul is int8's (one plane);
-    outside it, two planes; under int8 and float, nothing changes."""
+    """``Arithmetic.for_head()``: under int16 the head's many-token matmul is int8's (one plane);
+    elsewhere, two planes; under int8 and float, nothing changes."""
     nb = 2 if fmt == "q6_k" else 16
     W = random_blocks(fmt, 24, nb, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 1, 256 * nb if fmt == "q6_k" else 32 * nb)).astype(f32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS + 1, 256 * nb if fmt == "q6_k" else 32 * nb)).astype(f32)
     ys = {}
     for arith in ("int8", "int16", "float"):
-        K.set_arithmetic(arith)
         for head in (False, True):
             Y = np.full((X.shape[0], 24), np.nan, f32)
-            with K.output_head() if head else np.errstate():
-                K.mm_block_arith(fmt, W, X, None, Y)
+            a = K.Arithmetic(arith)
+            K.mm_block_arith(fmt, W, X, None, Y, a.for_head() if head else a)
             ys[arith, head] = Y
     if not kq_tiles.tiled(fmt):
         pytest.skip(f"{fmt} keeps the float32 GEMM on this CPU")

@@ -10,6 +10,7 @@ import pytest
 
 from runtime import kernels as K
 from runtime.kernels import amx, dispatch, gemm, kq_row_tiles, kq_tiles, row_tiles
+from runtime.kernels import kept as kept_mod
 from runtime.kernels.quantize import quantize_activations_k
 from tests.runtime.quant_blocks import arithmetic_errors, random_blocks
 
@@ -89,22 +90,19 @@ def test_activations_arranged_as_the_weights(fmt):
     np.testing.assert_allclose(XB[:, :lanes], d * sums, rtol=1e-7)
 
 
+I8 = K.Arithmetic("int8", batched=True)
+
+
 @pytest.fixture
 def int8_gemm(monkeypatch):  # the register tiles, also on a CPU with AMX (tests/runtime/test_kernels_amx.py)
     monkeypatch.setitem(amx._STATE, "ok", False)
-    before = K.arithmetic()
-    K.set_arithmetic("int8")
-    yield
-    K.set_arithmetic(before)
-    K.set_batched_gemm(True)
 
 
 def _one_token_and_tiles(fmt, W, X):
     out = []
     for on in (False, True):
-        K.set_batched_gemm(on)
         Y = np.full((X.shape[0], W.shape[0]), np.nan, np.float32)
-        K.mm_block_arith(fmt, W, X, None, Y)
+        K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int8", batched=on))
         out.append(Y.astype(np.float64))
     return out
 
@@ -116,12 +114,12 @@ def test_tiles_equal_the_one_token_kernels(fmt, nsb, int8_gemm):
     block = 32 if b32 else 256
     nb = 5 * nsb + 1 if b32 else nsb  # 32-value types: 6, 16 and 21 blocks (units of 16, padded)
     W = random_blocks(fmt, 39, nb, RNG)  # 39 rows: a ragged last tile of rows
-    T = gemm.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 2  # two token blocks, a ragged tile of tokens
+    T = K.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 2  # two token blocks, a ragged tile of tokens
     X = RNG.standard_normal((T, block * nb)).astype(np.float32)
     per_token, tiled = _one_token_and_tiles(fmt, W, X)
     assert np.isfinite(tiled).all()
     Wf = np.abs(K.decode_rows_at(fmt, W, np.arange(W.shape[0])).astype(np.float64))
-    Xq = np.abs(dispatch._dequantized(X, fmt).astype(np.float64))
+    Xq = np.abs(dispatch._dequantized(X, fmt, I8).astype(np.float64))
     # the affine types' minimum meets Q8_1's fp16-rounded block sum in the one-token kernel and
     # d_x·Σq_x here (as in the float32 GEMM form): 2⁻¹¹ of that term
     tol = 2e-3 if fmt in K.AFFINE_B32 else 1e-5
@@ -134,6 +132,8 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch):
     planes, the first's sums shifted by 7 bits before the second's) give the float product of
     the decoded weights to ~1e-4 of its scale, where one int8 plane (llama.cpp's rounding) is
     ~100x further off; two token blocks, ragged rows and tokens, a padded unit."""
+    if not kq_tiles.tiled(fmt):
+        pytest.skip(f"{fmt} keeps the float32 GEMM on this CPU")
     monkeypatch.setattr(amx, "amx_runs", lambda fmt, k: False)
     monkeypatch.setattr(dispatch, "INT16_TILES_MIN_VALUES", 0)  # these small matrices too
     planes = []
@@ -146,7 +146,7 @@ def test_int16_two_planes_equal_the_float_product(fmt, monkeypatch):
     block = 32 if b32 else 256
     nb = 21 if b32 else 3
     W = random_blocks(fmt, 39, nb, RNG)
-    T = gemm.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 3
+    T = K.GEMM_MIN_TOKENS + kq_tiles.TOKEN_BLOCK + 3
     X = RNG.standard_normal((T, block * nb)).astype(np.float32)
     X[:, ::7] *= 20  # outliers: the int8 blocks round the rest of their block coarsely
     err = arithmetic_errors(fmt, W, X)
@@ -160,43 +160,43 @@ def test_kept_rows_in_the_lane_layout(fmt, monkeypatch, int8_gemm):
     matrix once and reuse it: the same products as unpacking per matmul, in int8 and int16."""
     nb = 20  # 640 values: a padded unit
     W = random_blocks(fmt, 41, nb, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, 640)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS + 3, 640)).astype(np.float32)
     fresh = np.empty((X.shape[0], 41), np.float32)
-    K.mm_block_arith(fmt, W, X, None, fresh)
+    K.mm_block_arith(fmt, W, X, None, fresh, I8)
     monkeypatch.setattr(dispatch, "INT16_TILES_MIN_VALUES", 0)  # this small matrix too
     calls = []
-    for mod in (amx, kq_tiles):
+    for mod in (kept_mod, kq_tiles):
         for name in ("unpack_rows", "unpack_b32_rows"):
             real = getattr(mod, name)
             monkeypatch.setattr(mod, name, lambda *a, real=real: (calls.append(1), real(*a))[1])
     tiles_planes = []
     monkeypatch.setattr(dispatch, "mm_tiles", lambda f, W, xs, Y, c, kept=None: tiles_planes.append((len(xs) - 2, kept is not None))
                         or kq_tiles.mm_tiles(f, W, xs, Y, c, kept))
-    with amx.kept_unpacked(matrices=[(fmt, 41, X.shape[1])]):
+    with K.kept_unpacked(matrices=[(fmt, 41, X.shape[1])]) as store:
         for _ in range(3):
             Y = np.empty_like(fresh)
-            K.mm_block_arith(fmt, W, X, None, Y)
+            K.mm_block_arith(fmt, W, X, None, Y, I8.keeping(store))
             np.testing.assert_array_equal(Y, fresh)
-        assert len(calls) == 1 and amx._KEPT["bytes"] == amx.unpacked_bytes(fmt, 41, X.shape[1], amx.kept_layout(fmt, X.shape[1]))
-        K.set_arithmetic("int16")
-        K.mm_block_arith(fmt, W, X, None, Y)
+        layout = kept_mod.kept_layout(fmt, X.shape[1])
+        assert len(calls) == 1 and store.nbytes == kept_mod.unpacked_bytes(fmt, 41, X.shape[1], layout)
+        K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int16").keeping(store))
         Wf = K.decode_rows_at(fmt, W, np.arange(41)).astype(np.float64)
         scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
         assert (np.abs(Y - X.astype(np.float64) @ Wf.T) / scale).max() < 1e-4
     assert len(calls) == 1 and tiles_planes == [(1, True)] * 3 + [(2, True)]
-    assert amx._KEPT["mats"] == {} and not amx._KEPT["on"]
-    K.mm_block_arith(fmt, W, X, None, Y)  # outside: unpacked again
+    assert store.mats == {}
+    K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int16"))  # no store: unpacked again
     assert tiles_planes[-1] == (2, False) and len(calls) > 1
 
 
 def test_chunks_of_rows_equal_one_chunk(monkeypatch, int8_gemm):  # the output head's chunks
     W = random_blocks("q4_k", 50, 2, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 512)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
     whole = np.empty((X.shape[0], 50), np.float32)
-    K.mm_block_arith("q4_k", W, X, None, whole)
+    K.mm_block_arith("q4_k", W, X, None, whole, I8)
     monkeypatch.setattr(gemm, "CHUNK_VALUES", 7 * 512)  # 7 rows a chunk: 8 chunks, the last of 1
     chunked = np.empty_like(whole)
-    K.mm_block_arith("q4_k", W, X, None, chunked)
+    K.mm_block_arith("q4_k", W, X, None, chunked, I8)
     np.testing.assert_array_equal(chunked, whole)  # the same sums per output, in the same order
 
 
@@ -207,25 +207,22 @@ from runtime.kernels import dispatch, gemm
 from tests.runtime.quant_blocks import random_blocks
 assert K.int_dot_features() == "avx2", K.int_dot_features()
 rng = np.random.default_rng(0)
-K.set_arithmetic("int8")
 for fmt in ("q4_k", "q5_k", "q6_k", "q8_0", "q5_0", "q4_1"):
     W = random_blocks(fmt, 9, 3 if fmt.endswith("_k") else 24, rng)
-    X = rng.standard_normal((gemm.GEMM_MIN_TOKENS + 1, 768)).astype(np.float32)
+    X = rng.standard_normal((K.GEMM_MIN_TOKENS + 1, 768)).astype(np.float32)
     ys = []
     for on in (False, True):
-        K.set_batched_gemm(on)
         Y = np.empty((X.shape[0], 9), np.float32)
-        K.mm_block_arith(fmt, W, X, None, Y)
+        K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int8", batched=on))
         ys.append(Y)
     assert np.allclose(ys[0], ys[1], rtol=1e-4, atol=3e-3 * np.abs(ys[0]).max()), fmt
-    K.set_arithmetic("int16")  # two activation planes (pmaddubsw's 16-bit pair sums hold both)
+    # int16: two activation planes (pmaddubsw's 16-bit pair sums hold both)
     dispatch.INT16_TILES_MIN_VALUES = 0  # in the tiles, however small the matrix
     Y = np.empty((X.shape[0], 9), np.float32)
-    K.mm_block_arith(fmt, W, X, None, Y)
+    K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int16"))
     Wf = K.decode_rows_at(fmt, W, np.arange(9)).astype(np.float64)
     scale = np.abs(X).astype(np.float64) @ np.abs(Wf).T
     assert (np.abs(Y - X.astype(np.float64) @ Wf.T) / scale).max() < 1e-4, fmt
-    K.set_arithmetic("int8")
 print("ok")
 """
 

@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from aios import quant
 from convert import kquants as kq
+from runtime.kernels import Arithmetic
 from runtime.model import Model
 from runtime.weights import KQUANT_TYPES, Matrix, from_gguf_tensor
 
@@ -86,11 +87,11 @@ def test_matmul_equals_gguf_dequantize(kind):
     assert m.row_bytes == q.shape[1] == 768 // 256 * quant.type_size(kind)
     ref = dequantize(q, gguf.GGMLQuantizationType[kind]).astype(np.float64)
     X = rng.standard_normal((3, 768)).astype(np.float32)
-    Y = m.matmul(X)
+    Y = m.matmul(X, None, Arithmetic("float"))
     exp = X.astype(np.float64) @ ref.T
     assert np.abs(Y - exp).max() <= 1e-5 * np.abs(exp).max()
     rows = np.array([0, 5, 23], np.int64)
-    Yr = m.matmul(X, rows)
+    Yr = m.matmul(X, rows, Arithmetic("float"))
     assert np.abs(Yr[:, rows] - exp[:, rows]).max() <= 1e-5 * np.abs(exp).max()
     assert not np.delete(Yr, rows, axis=1).any()  # rows not asked for are not computed
     assert np.array_equal(m.dense(), ref.astype(np.float32))
@@ -100,8 +101,8 @@ def test_matmul_equals_gguf_dequantize(kind):
 def test_model_logits_equal_dequantized_path(models):
     kpath, dpath = models
     tokens = np.array([3, 17, 42, 8, 63, 0, 5])
-    a = Model(kpath).forward(tokens, all_logits=True)
-    b = Model(dpath).forward(tokens, all_logits=True)
+    a = Model(kpath, arithmetic="float").forward(tokens, all_logits=True)
+    b = Model(dpath, arithmetic="float").forward(tokens, all_logits=True)
     assert a.shape == (len(tokens), VOCAB)
     assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), np.abs(a - b).max() / np.abs(b).max()
 
@@ -111,7 +112,7 @@ def test_bytes_counted_are_the_stored_bytes(models):
     r = gguf.GGUFReader(str(kpath))
     stored = {t.name: int(t.n_bytes) for t in r.tensors}
     kinds = {t.name: t.tensor_type.name for t in r.tensors}
-    m = Model(kpath)
+    m = Model(kpath, arithmetic="float")
     m.forward([1, 2, 3])
     before = dict(m.counter.per_tensor)
     m.forward([4])  # one decode token reads every matrix once and one embedding row

@@ -176,10 +176,10 @@ def test_aios_run_reads_a_file_without_the_key_as_llama_cpp_does(exports, tmp_pa
     if refused is not None:  # the default gives tensors of other shapes: aios-run refuses as well
         assert edit.startswith("-")
         with pytest.raises(AiosError):
-            Model(f)
+            Model(f, arithmetic="float")
         return
     theirs = llama_cpp_logits(f)
-    model = Model(f)
+    model = Model(f, arithmetic="float")
     ours = model.forward(IDS, all_logits=True)
     scale = float(np.abs(theirs).max())
     tol = TOL_GELU if model.hp.activation.startswith("gelu") else TOL
@@ -195,7 +195,7 @@ def test_mistral_window_is_aios_runs_own(exports):
     included (the global one: llama.cpp has no other for llama)."""
     path, warnings = exports("mistral")
     assert any("llama.cpp ignores llama.attention.sliding_window (8)" in w for w in warnings)
-    theirs, ours = llama_cpp_logits(path), Model(path).forward(IDS, all_logits=True)
+    theirs, ours = llama_cpp_logits(path), Model(path, arithmetic="float").forward(IDS, all_logits=True)
     scale = float(np.abs(theirs).max())
     assert np.abs(ours[:8] - theirs[:8]).max() <= TOL * scale
     assert np.abs(ours[8:] - theirs[8:]).max() > MOVES * scale
@@ -205,7 +205,7 @@ def test_an_attention_scale_llama_cpp_does_not_compute_is_said_at_export(exports
     path, warnings = exports("gemma3-qpas")
     notes = [w for w in warnings if "aios.attention.scale" in w]
     assert len(notes) == 1 and "1/sqrt(32)" in notes[0] and "\n" not in notes[0]
-    theirs, ours = llama_cpp_logits(path), Model(path).forward(IDS, all_logits=True)
+    theirs, ours = llama_cpp_logits(path), Model(path, arithmetic="float").forward(IDS, all_logits=True)
     assert np.abs(ours - theirs).max() > MOVES * float(np.abs(theirs).max())  # aios-run: the model's scale
     for row in ("gemma3-62", "gemma2-46"):  # llama.cpp's rule gives the model's scale: nothing to say
         assert not any("aios.attention.scale" in w for w in exports(row)[1])
@@ -217,7 +217,7 @@ def test_rope_scaling_types_aios_run_does_not_run_are_refused(exports, tmp_path)
     yarn = rewrite(path, tmp_path / "yarn.gguf", drop_keys={"llama.rope.scaling.type"},
                    add={"llama.rope.scaling.type": "yarn"})
     with pytest.raises(AiosError, match="rope.scaling.type' is 'yarn'"):
-        Model(yarn)
+        Model(yarn, arithmetic="float")
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -228,4 +228,4 @@ def test_a_lying_key_read_for_the_defaults_is_one_sentence(exports, tmp_path, ke
     path, _ = exports("llama")
     bad = rewrite(path, tmp_path / "bad.gguf", drop_keys={key}, add={key: value})
     with pytest.raises(AiosError, match=message):
-        Model(bad)
+        Model(bad, arithmetic="float")

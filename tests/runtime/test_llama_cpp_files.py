@@ -45,13 +45,13 @@ def test_greedy_equals_llama_cpp_on_its_q8_0(tmp_path, kind):
     export_gguf(str(src), f16, GGUFExportConfig("f16"))
     quantize(f16, q8, LLAMA_FTYPE_MOSTLY_Q8_0)
     ids = list(range(5, 30))
-    ours, _ = generate(Model(f16), ids, N_NEW)
+    ours, _ = generate(Model(f16, arithmetic="float"), ids, N_NEW)
     assert ours == llama_cpp_greedy(f16, ids, N_NEW)
-    ours, _ = generate(Model(q8), ids, N_NEW)
+    ours, _ = generate(Model(q8, arithmetic="float"), ids, N_NEW)
     theirs = llama_cpp_greedy(q8, ids, N_NEW)
     if ours != theirs:
         k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        logits = Model(q8).forward(ids + ours[:k], all_logits=True)[-1]
+        logits = Model(q8, arithmetic="float").forward(ids + ours[:k], all_logits=True)[-1]
         assert logits[ours[k]] - logits[theirs[k]] < 5e-3, (k, ours, theirs)
 
 
@@ -66,7 +66,6 @@ def test_greedy_equals_llama_cpp_on_its_q4_k_m_in_int8(tmp_path, kind):
     different orders: candidates closer than 1 % of the largest logit may swap). Mistral's window is
     widened past the 41 tokens here: llama.cpp runs a Mistral GGUF as arch "llama", which attends in
     full (our window past the context is tested against transformers in test_model.py)."""
-    from runtime import kernels
 
     extra = {"llama3": LLAMA3_ROPE, "mistral": {"sliding_window": 64}}.get(kind, {})
     src = build_hf_model(kind.replace("llama3", "llama"), tmp_path / f"tiny-{kind[:3]}", vocab_size=2048,
@@ -81,13 +80,9 @@ def test_greedy_equals_llama_cpp_on_its_q4_k_m_in_int8(tmp_path, kind):
     kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(q4)).tensors}
     assert {"Q4_K", "Q6_K"} <= kinds, kinds
     ids = list(range(5, 30))
-    kernels.set_arithmetic("int8")
-    try:
-        ours, _ = generate(Model(q4), ids, N_NEW)
-        theirs = llama_cpp_greedy(q4, ids, N_NEW)
-        if ours != theirs:
-            k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-            logits = Model(q4).forward(ids + ours[:k], all_logits=True)[-1]
-            assert logits[ours[k]] - logits[theirs[k]] < 1e-2 * np.abs(logits).max(), (k, ours, theirs)
-    finally:
-        kernels.set_arithmetic("float")
+    ours, _ = generate(Model(q4, arithmetic="int8"), ids, N_NEW)
+    theirs = llama_cpp_greedy(q4, ids, N_NEW)
+    if ours != theirs:
+        k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        logits = Model(q4, arithmetic="int8").forward(ids + ours[:k], all_logits=True)[-1]
+        assert logits[ours[k]] - logits[theirs[k]] < 1e-2 * np.abs(logits).max(), (k, ours, theirs)

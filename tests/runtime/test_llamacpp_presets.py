@@ -34,7 +34,7 @@ presets people deploy. Per file:
     On a CPU without AVX-512, llama.cpp's own build sums in AVX2's 8-lane order, which ggml_ops
     does not mirror, and the test asks for the floor it held before: 0.97 raw, 0.99 with ties.
     Those figures are the one-token kernels run over each window (``top1_tokenwise``;
-    ``kernels.set_batched_gemm(False)``). The default many-token form multiplies in float32
+    ``kernels.Arithmetic(..., batched=False)``). The default many-token form multiplies in float32
     GEMMs (runtime.kernels.gemm, runtime.attention_gemm), the same arithmetic rounded in another
     order: measured 0.9893-0.9995 raw, 0.9976-1.0000 with near-ties (2026-11-27, Xeon AVX-512
     + AMX), asked ≥ 0.98 and ≥ 0.995;
@@ -130,27 +130,22 @@ class _Recorded:
     also yields the logits it scored."""
 
     def __init__(self, model):
-        self.model, self.counter, self.logits = model, model.counter, []
+        self.model, self.counter, self.arith, self.logits = model, model.counter, model.arith, []
 
     def reset(self):
         self.model.reset()
 
-    def forward(self, ids, all_logits=False):
-        out = self.model.forward(ids, all_logits=all_logits)
+    def forward(self, ids, all_logits=False, **kw):
+        out = self.model.forward(ids, all_logits=all_logits, **kw)
         self.logits.append(out)
         return out
 
 
-def _ours(path, ids, arith: str):
+def _ours(path, ids, arith: str, batched: bool = True):
     """(logits (len(ids), vocab), held-out perplexity) of ``Model(path)`` in ``arith``, in
-    windows of WINDOW."""
-    before = kernels.arithmetic()
-    kernels.set_arithmetic(arith)
-    try:
-        rec = _Recorded(Model(path))
-        ppl = perplexity(rec, ids, window=WINDOW, arithmetic=arith)["perplexity"]
-    finally:
-        kernels.set_arithmetic(before)
+    windows of WINDOW (``batched`` False: the one-token kernels over each window)."""
+    rec = _Recorded(Model(path, arithmetic=kernels.Arithmetic(arith, batched=batched)))
+    ppl = perplexity(rec, ids, window=WINDOW, arithmetic=None)["perplexity"]
     return np.concatenate(rec.logits), ppl
 
 
@@ -164,7 +159,7 @@ def _llama_cpp_logits(path, ids) -> llamacpp.Result:
 def _float_err(path, ids, ours=None) -> float:
     """max |float-path logits of ``ids`` − gguf-py-dequantized twin's| / the twin's largest |logit|."""
     ours = _ours(path, ids, "float")[0] if ours is None else ours
-    ref_model = dequantized(Model(path))
+    ref_model = dequantized(Model(path, arithmetic="float"))
     assert not any(isinstance(v, Matrix) and v.kind in BLOCK_TYPES for L in ref_model.layers for v in L.values())
     ref = ref_model.forward(ids, all_logits=True)
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
@@ -173,11 +168,7 @@ def _float_err(path, ids, ours=None) -> float:
 def _measure(path, ids) -> dict:
     lf, ppl_f = _ours(path, ids, "float")
     l8, ppl_8 = _ours(path, ids, "int8")
-    kernels.set_batched_gemm(False)  # the one-token kernels over each window: llama.cpp's rounding
-    try:
-        l8_tokens = _ours(path, ids, "int8")[0]
-    finally:
-        kernels.set_batched_gemm(True)
+    l8_tokens = _ours(path, ids, "int8", batched=False)[0]  # the one-token kernels: llama.cpp's rounding
     row = {"err": _float_err(path, ids[:WINDOW], lf[:WINDOW]), "ppl_float": ppl_f, "ppl_int8": ppl_8,
            "ppl_rel": (ppl_8 - ppl_f) / ppl_f}
     try:
@@ -271,9 +262,9 @@ def test_d256_logits_equal_gguf_py_dequantization(files, preset):
 @pytest.mark.parametrize("preset", ["Q4_K_M", "Q8_0"])
 def test_greedy_equals_llama_cpp(files, model, preset):
     path = files[model, preset]
-    ours, _ = generate(Model(path), IDS, N_NEW)
+    ours, _ = generate(Model(path, arithmetic="float"), IDS, N_NEW)
     theirs = llama_cpp_greedy(path, IDS, N_NEW)
     if ours != theirs:  # only at a near-tie within llama.cpp's 8-bit activation rounding
         k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        logits = Model(path).forward(IDS + ours[:k], all_logits=True)[-1]
+        logits = Model(path, arithmetic="float").forward(IDS + ours[:k], all_logits=True)[-1]
         assert logits[ours[k]] - logits[theirs[k]] < 0.02 * np.abs(logits).max(), (k, ours, theirs)

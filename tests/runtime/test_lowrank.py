@@ -9,6 +9,7 @@ import pytest
 from aios.errors import UsageError
 from convert.svd_residual import SvdResidualConfig, svd_residual
 from runtime.evaluate import evaluate_gguf
+from runtime.kernels import Arithmetic
 from runtime.lowrank import FlatResidual, LowRankLinear
 from runtime.model import Model
 from runtime.weights import Matrix
@@ -41,7 +42,7 @@ def _deq(t) -> np.ndarray:
 
 def materialized_reference(lowrank_path, dense_path) -> Model:
     """The plain f32 export with each factorized W replaced by deq(U)·deq(V) + deq(E) (F32 Matrix)."""
-    ref = Model(dense_path)
+    ref = Model(dense_path, arithmetic="float")
     tensors = {t.name: t for t in gguf.GGUFReader(lowrank_path).tensors}
     for i, L in enumerate(ref.layers):
         for key in list(L):
@@ -60,11 +61,11 @@ def materialized_reference(lowrank_path, dense_path) -> Model:
 @pytest.mark.parametrize("fixture", list(CASES))
 def test_logits_equal_materialized_reference(fixture, lowrank, exported):
     dense, _ = exported(fixture, "f32")
-    got = Model(lowrank(fixture)).forward(PROMPT, all_logits=True)
+    got = Model(lowrank(fixture), arithmetic="float").forward(PROMPT, all_logits=True)
     want = materialized_reference(lowrank(fixture), dense).forward(PROMPT, all_logits=True)
     assert got.shape == (len(PROMPT), 2048)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    base = Model(dense).forward(PROMPT, all_logits=True)
+    base = Model(dense, arithmetic="float").forward(PROMPT, all_logits=True)
     assert np.abs(got - base).max() > 1e-2  # the factorization really changed the model
 
 
@@ -99,8 +100,8 @@ def test_full_rank_without_residual_reproduces_dense(tmp_path, exported):
     dense, _ = exported("tiny-llama", "f32")
     cfg = SvdResidualConfig(rank="full", method="plain", residual="none", factor_type="f32", outtype="f32")
     out = svd_residual("tiny-llama", tmp_path / "full.gguf", cfg).output
-    got = Model(out).forward(PROMPT, all_logits=True)
-    want = Model(dense).forward(PROMPT, all_logits=True)
+    got = Model(out, arithmetic="float").forward(PROMPT, all_logits=True)
+    want = Model(dense, arithmetic="float").forward(PROMPT, all_logits=True)
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
 
 
@@ -108,9 +109,9 @@ def test_sparse_mode_refuses_a_lowrank_down_projection(tmp_path, exported):
     _, relu_src = exported("tiny-falcon", "f32", relu=True)
     cfg = SvdResidualConfig(rank=4, method="plain", residual="q8_0", outtype="f32")
     out = svd_residual(str(relu_src), tmp_path / "relu-lr.gguf", cfg).output
-    Model(out, mode="dense")  # loads
+    Model(out, mode="dense", arithmetic="float")  # loads
     with pytest.raises(UsageError, match="low-rank factors"):
-        Model(out, mode="sparse")
+        Model(out, mode="sparse", arithmetic="float")
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q2_k", "q4_k"])
@@ -132,7 +133,7 @@ def test_operator_rows_values_and_reads(kind):
     np.testing.assert_allclose(op.dense(), W, atol=1e-5)
     X = rng.standard_normal((3, n_in)).astype(np.float32)
     rows = np.array([0, 7, 8, 47])
-    Y = op.matmul(X, rows)
+    Y = op.matmul(X, rows, Arithmetic("float"))
     np.testing.assert_allclose(Y[:, rows], X @ W[rows].T, atol=1e-4)
     assert not Y[:, np.setdiff1d(np.arange(n_out), rows)].any()
     blocks = {b for i in rows for b in range(i * n_in // block, ((i + 1) * n_in - 1) // block + 1)}

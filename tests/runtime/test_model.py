@@ -9,6 +9,7 @@ import torch
 from aios.errors import InvalidModelError, UnsupportedArchitectureError, UsageError
 from aios.models import resolve_model
 from runtime.generate import Sampling, generate, sample
+from runtime.kernels import Arithmetic
 from runtime.model import Model
 from runtime.weights import from_gguf_tensor
 
@@ -27,7 +28,7 @@ def _hf_logits(src, text=TEXT):
 def test_f32_logits_match_transformers(exported, fixture):
     path, src = exported(fixture, "f32")
     ids, ref = _hf_logits(src)
-    m = Model(path)
+    m = Model(path, arithmetic="float")
     out = m.forward(ids, all_logits=True)
     assert np.abs(out - ref).max() <= 1e-4
     assert (out.argmax(-1) == ref.argmax(-1)).all()
@@ -59,7 +60,7 @@ def test_architecture_rows_run_with_transformers_logits(tmp_path, kind):
     path = tmp_path / f"{kind}.gguf"
     export_gguf(str(src), path, GGUFExportConfig("f32"))
     ids, ref = _hf_logits(src)
-    m = Model(path)
+    m = Model(path, arithmetic="float")
     names = {t.name for t in m.reader.tensors}
     assert m.hp.graph.name == {"llama3": "llama", "llama32": "llama", "mistral": "llama"}.get(kind, kind)
     if kind == "mistral":  # every layer attends through the 8-token window, the prompt is longer
@@ -106,9 +107,9 @@ def test_greedy_text_equals_transformers_and_llama_cpp(tmp_path, kind):
     with torch.no_grad():
         ref = resolve_model(str(src)).load_torch().generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
                                                             do_sample=False)[0, len(ids):].tolist()
-    ours, _ = generate(Model(f32), ids, n)
+    ours, _ = generate(Model(f32, arithmetic="float"), ids, n)
     assert ours == ref
-    assert generate(Model(f16), ids, n)[0] == llama_cpp_greedy(f16, ids, n)
+    assert generate(Model(f16, arithmetic="float"), ids, n)[0] == llama_cpp_greedy(f16, ids, n)
 
 
 @pytest.mark.parametrize("kind, relu", [("falcon-new-decoder", {"activation": "relu"}),
@@ -121,7 +122,7 @@ def test_relu_row_sparse_decodes_as_dense(tmp_path, kind, relu):
     path = tmp_path / "relu.gguf"
     export_gguf(str(src), path, GGUFExportConfig("f32"))
     ids = list(range(5, 30))
-    dense, sparse = Model(path), Model(path, mode="sparse")
+    dense, sparse = Model(path, arithmetic="float"), Model(path, mode="sparse", arithmetic="float")
     assert dense.hp.activation == "relu" and "ffn_gate.weight" not in sparse.layers[0]
     d, s = dense.forward(ids, all_logits=True), sparse.forward(ids, all_logits=True)
     assert np.abs(s - d).max() <= 1e-5 * np.abs(d).max()
@@ -141,7 +142,7 @@ def test_quantized_matvec_equals_gguf_dequantize(exported, outtype):
         if t.tensor_type.name.lower() != outtype or len(t.shape) < 2 or int(t.shape[0]) != 128:
             continue
         W = gguf.dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0]))
-        y = from_gguf_tensor(t).matmul(x)
+        y = from_gguf_tensor(t).matmul(x, None, Arithmetic("float"))
         ref = x.astype(np.float64) @ W.astype(np.float64).T
         assert np.abs(y - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), t.name
         checked += 1
@@ -152,12 +153,12 @@ def test_quantized_matvec_equals_gguf_dequantize(exported, outtype):
 def test_exact_sparse_equals_dense(exported, fixture):
     path, _ = exported(fixture, "f32", relu=True)
     ids = np.arange(1, 40)
-    dense = Model(path).forward(ids, all_logits=True)
-    sp = Model(path, mode="sparse")
+    dense = Model(path, arithmetic="float").forward(ids, all_logits=True)
+    sp = Model(path, mode="sparse", arithmetic="float")
     out = sp.forward(ids, all_logits=True)
     assert np.abs(out - dense).max() <= 1e-5
     # decode: the down projection reads only rows of nonzero activations
-    d, s = Model(path), Model(path, mode="sparse")
+    d, s = Model(path, arithmetic="float"), Model(path, mode="sparse", arithmetic="float")
     d.forward(ids)
     s.forward(ids)
     b_d, b_s = d.counter.snapshot()["weights"], s.counter.snapshot()["weights"]
@@ -175,7 +176,7 @@ def test_dense_byte_count_matches_independent_sum(exported):
     import gguf
 
     path, _ = exported("tiny-falcon", "f32")
-    m = Model(path)
+    m = Model(path, arithmetic="float")
     m.forward(np.arange(1, 11))
     before = m.counter.snapshot()
     m.forward([7])  # position 10: attends over 11 positions
@@ -199,7 +200,7 @@ def hp_vocab(r) -> int:
 
 def test_generate_greedy_and_sampling(exported):
     path, _ = exported("tiny-llama", "f32")
-    m = Model(path)
+    m = Model(path, arithmetic="float")
     out1, tm = generate(m, [1, 2, 3, 4, 5], 6, chunk=2)
     out2, _ = generate(m, [1, 2, 3, 4, 5], 6, chunk=5)
     assert out1 == out2 and tm.generated == 5 and tm.prefill_bytes["weights"] > 0
@@ -213,8 +214,8 @@ def test_generate_greedy_and_sampling(exported):
 def test_errors(exported, gguf_file, tmp_path):
     path, _ = exported("tiny-falcon", "f32")
     with pytest.raises(UsageError, match="ReLU-family"):
-        Model(path, mode="sparse")  # GELU model: no exact zeros
-    m = Model(path, n_ctx=8)
+        Model(path, mode="sparse", arithmetic="float")  # GELU model: no exact zeros
+    m = Model(path, n_ctx=8, arithmetic="float")
     with pytest.raises(UsageError, match="Context full|exceed"):
         generate(m, list(range(1, 8)), 4)
     import gguf
@@ -225,7 +226,7 @@ def test_errors(exported, gguf_file, tmp_path):
         w.add_block_count(1)
         w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
         with pytest.raises(err):
-            Model(p)
+            Model(p, arithmetic="float")
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
@@ -244,7 +245,7 @@ def test_block_quant_bytes_counted_are_the_file_bytes(exported, outtype):
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama3", "gemma3", "gemma2", "phi3", "mistral",
                                   "falcon-new-decoder", "gpt2"])
-def test_fused_glue_gives_the_step_by_step_logits_to_the_bit(tmp_path, kind, arithmetic):
+def test_fused_glue_gives_the_step_by_step_logits_to_the_bit(tmp_path, kind):
     """On the ggml path (int8 block weights), ``Model.fused_glue`` runs the residual adds with the
     norms after them, and everything between the q/k/v projections and attention, as compiled
     calls, and quantizes a shared input once for q/k/v and gate/up: the same float32 operations as
@@ -258,9 +259,8 @@ def test_fused_glue_gives_the_step_by_step_logits_to_the_bit(tmp_path, kind, ari
     path = tmp_path / f"{kind}.gguf"
     export_gguf(str(src), path, GGUFExportConfig("q8_0"))
     ids = list(range(3, 40, 3))
-    arithmetic("int8")
-    m = Model(path)
-    assert m._ggml()
+    m = Model(path, arithmetic="int8")
+    assert m._ggml(m.arith)
     runs = {}
     for fused in (True, False):
         m.fused_glue = fused
@@ -269,9 +269,6 @@ def test_fused_glue_gives_the_step_by_step_logits_to_the_bit(tmp_path, kind, ari
         m.reset()
         steps = np.concatenate([m.forward(ids[:4])] + [m.forward([t]) for t in ids[4:]])
         runs[fused] = prefill, steps
-    from runtime import kernels
-
-    assert kernels._SHARED["x"] is None  # the shared input is released after each use
     for a, b in zip(runs[True], runs[False]):
         assert a.dtype == b.dtype == np.float32
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
@@ -287,13 +284,13 @@ def test_the_kv_cache_takes_memory_only_where_positions_are_written(exported):
     """A long context's KV cache is allocated untouched: the real Gemma 3's 32k context is 1.2 GB
     of cache that a short generate never writes (np.zeros_like filled all of it)."""
     path, _ = exported("tiny-llama", "f32")
-    small = Model(path)
+    small = Model(path, arithmetic="float")
     small.forward(list(range(1, 9)))  # the kernels' compiled code is loaded outside the measure
     hp = small.hp
     per_position = 2 * hp.n_layers * hp.n_kv * hp.head_dim * 4
     n_ctx = (256 << 20) // per_position  # a 256 MB cache
     before = _rss_anon()
-    m = Model(path, n_ctx=n_ctx)
+    m = Model(path, n_ctx=n_ctx, arithmetic="float")
     m.forward(list(range(1, 9)))
     assert m.k_cache.nbytes + m.v_cache.nbytes >= 250 << 20
     assert _rss_anon() - before < 64 << 20

@@ -18,14 +18,14 @@ def test_runtime_perplexity_equals_the_card(exported, fixture):
     path, _ = exported(fixture, "f32")
     card = json.loads((FIXTURES_DIR / fixture / "aios_fixture.json").read_text())["heldout_perplexity"]
     ids = heldout_ids(load_tokenizer(path))
-    res = perplexity(Model(path), ids)
+    res = perplexity(Model(path, arithmetic="float"), ids)
     assert res["perplexity"] == pytest.approx(card, rel=1e-3)
 
 
 def test_per_token_equals_chunked_in_exact_modes(exported):
     path, _ = exported("tiny-falcon-relu", "f32")
     ids = heldout_ids(load_tokenizer(path), 200)
-    m = Model(path, mode="sparse")
+    m = Model(path, mode="sparse", arithmetic="float")
     a = perplexity(m, ids, window=64)
     b = perplexity(m, ids, window=64, per_token=True)
     assert a["tokens_scored"] == b["tokens_scored"] == 196
@@ -37,16 +37,15 @@ def test_perplexity_is_the_float_paths_in_its_default_arithmetic(exported):
     """The default ("int16": two int8 activation planes in the integer tiles, the output head's
     input in one; the float path elsewhere) gives the float path's perplexity within 0.1 % (the
     quality gate's tolerance is 0.5 %; here +0.02 %, +0.001 % before the head took one plane);
-    llama.cpp's int8 rounding is further off. The process's arithmetic is left as it was."""
-    from runtime import kernels
-
+    llama.cpp's int8 rounding is further off. The model's own arithmetic is left as it was."""
     path, _ = exported("tiny-llama", "q8_0")
     ids = heldout_ids(load_tokenizer(path), 400)
-    m = Model(path)
-    before = kernels.arithmetic()
+    m = Model(path, arithmetic="float")
+    before = m.arith
     got = {a: perplexity(m, ids, window=100, arithmetic=a) for a in ("float", "int8")}
     default = perplexity(m, ids, window=100)
-    assert kernels.arithmetic() == before and default["arithmetic"] == "int16"
+    assert m.arith is before and default["arithmetic"] == "int16"
+    assert perplexity(m, ids, window=100, arithmetic=None)["perplexity"] == got["float"]["perplexity"]
     f, i8, i16 = got["float"]["perplexity"], got["int8"]["perplexity"], default["perplexity"]
     assert abs(i16 / f - 1) < 1e-3 and abs(i16 / f - 1) < abs(i8 / f - 1), (f, i8, i16)
 

@@ -40,7 +40,7 @@ def test_fit_measures_heldout_fnr_and_saves_work(fitted):
 
 def test_whitened_low_rank_beats_chance(relu_gguf):
     """On inputs the runtime produces, rank-r scores rank firing neurons above silent ones."""
-    m = Model(relu_gguf)
+    m = Model(relu_gguf, arithmetic="float")
     H = P.collect_ffn_inputs(m, [list(range(1, 200))], 199)[2]
     W = m.layers[2]["ffn_up.weight"].dense()
     lp = P.fit_layer(W, H, 0.0, P.PredictorConfig(rank=8))
@@ -50,14 +50,14 @@ def test_whitened_low_rank_beats_chance(relu_gguf):
 
 
 def test_predict_with_every_row_equals_dense(relu_gguf, tmp_path):
-    m = Model(relu_gguf)
+    m = Model(relu_gguf, arithmetic="float")
     pred = P.Predictor([P.LayerPredictor(np.zeros((m.hp.d_ffn, 1), np.float32), np.zeros((1, m.hp.d_model), np.float32),
                                          np.full(m.hp.d_ffn, -1.0, np.float32)) for _ in m.layers],
                        {"format": P.PREDICTOR_FORMAT, "source": P.file_fingerprint(relu_gguf)})
     f = P.save(pred, tmp_path / "all.npz")
     ids = list(range(1, 12))
     ref = m.forward(ids, all_logits=True)
-    mp = Model(relu_gguf, mode="predict", predictor=f)
+    mp = Model(relu_gguf, mode="predict", predictor=f, arithmetic="float")
     mp.measure_fnr = True
     assert np.abs(mp.forward(ids, all_logits=True) - ref).max() <= 1e-5
     assert mp.pred_stats["missed"] == 0
@@ -65,7 +65,7 @@ def test_predict_with_every_row_equals_dense(relu_gguf, tmp_path):
 
 def test_predict_bytes_are_exactly_the_rows_read(relu_gguf, fitted):
     _, f = fitted
-    m = Model(relu_gguf, mode="predict", predictor=f)
+    m = Model(relu_gguf, mode="predict", predictor=f, arithmetic="float")
     m.measure_fnr = True
     m.forward(list(range(1, 9)))
     seen = []
@@ -86,14 +86,14 @@ def test_predict_bytes_are_exactly_the_rows_read(relu_gguf, fitted):
 def test_predictor_errors(relu_gguf, fitted, exported, tmp_path):
     _, f = fitted
     with pytest.raises(UsageError, match="fit-predictor"):
-        Model(relu_gguf, mode="predict", predictor=tmp_path / "none.npz")
+        Model(relu_gguf, mode="predict", predictor=tmp_path / "none.npz", arithmetic="float")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(InvalidModelError, match="not a readable predictor"):
-        Model(relu_gguf, mode="predict", predictor=bad)
+        Model(relu_gguf, mode="predict", predictor=bad, arithmetic="float")
     other, _ = exported("tiny-falcon", "f32", relu=True)  # same shapes, different weights
     with pytest.raises(InvalidModelError, match="was fitted on"):
-        Model(other, mode="predict", predictor=f)
+        Model(other, mode="predict", predictor=f, arithmetic="float")
     gelu, _ = exported("tiny-falcon", "f32")
     with pytest.raises(UsageError, match="ReLU-family"):
         fit(gelu, P.PredictorConfig(max_tokens=64))

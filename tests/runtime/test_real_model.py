@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("one_thread")]
 
 
 def test_the_real_file_reads_with_llama_cpps_gemma3_defaults(real_gemma):
-    hp = Model(real_gemma, n_ctx=64).hp
+    hp = Model(real_gemma, n_ctx=64, arithmetic="float").hp
     assert (hp.n_layers, hp.d_model, hp.n_heads, hp.n_kv, hp.head_dim) == (18, 640, 4, 1, 256)
     assert hp.window == 512 and hp.swa_layers == (True,) * 5 + (False,) + (True,) * 5 + (False,) + (True,) * 5 + (False,)
     assert (hp.rope_base, hp.rope_base_swa, hp.rope_scale, hp.rope_scale_swa) == (1e6, 1e4, 1.0, 1.0)
@@ -28,7 +28,7 @@ def test_the_real_file_reads_with_llama_cpps_gemma3_defaults(real_gemma):
 
 
 @pytest.mark.slow  # transformers' GGUF loader dequantizes the file in ~120 s
-def test_float_path_equals_transformers_dequantization_on_held_out_text(real_gemma, arithmetic):
+def test_float_path_equals_transformers_dequantization_on_held_out_text(real_gemma):
     """aios-run's float path vs transformers' dequantization of the same file, over 640 held-out
     positions (past the 512-token window): within 1e-4 of the largest logit."""
     import torch
@@ -37,11 +37,10 @@ def test_float_path_equals_transformers_dequantization_on_held_out_text(real_gem
     from runtime.generate import load_tokenizer
     from runtime.perplexity import heldout_ids
 
-    arithmetic("float")
     tok = load_tokenizer(real_gemma)
     ids = [tok.bos_token_id] + heldout_ids(tok, 639)
     assert len(ids) == 640
-    ours = Model(real_gemma, n_ctx=len(ids)).forward(ids, all_logits=True)
+    ours = Model(real_gemma, n_ctx=len(ids), arithmetic="float").forward(ids, all_logits=True)
     hf = AutoModelForCausalLM.from_pretrained(str(real_gemma.parent), gguf_file=real_gemma.name,
                                               dtype=torch.float32).eval()
     with torch.inference_mode():
@@ -106,17 +105,16 @@ def test_llama_cpps_q5_0_batch_arithmetic_is_the_signed_block_dot(real_gemma):
 @pytest.mark.xfail("q5_0" not in kernels.BLOCKWISE, strict=True,
                    reason="Q5_0 is not in kernels.BLOCKWISE: its quad kernel (kept for speed) adds the −16 "
                    "offset as a float term per block, ~1e-6 from llama.cpp on ~89 % of the outputs")
-def test_int8_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma, arithmetic):
+def test_int8_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma):
     """The int8 Q5_0 kernel sums as llama.cpp does (runtime/kernels/blocks32.py BLOCKWISE: each block's
     signed Σ(n−16)·q_x in 8 int32 lanes, one fma per block), so the real file's layer-0 up
     projection equals llama.cpp's bit for bit."""
-    arithmetic("int8")
     X, theirs = _ffn_up_layer0(real_gemma)
-    m = Model(real_gemma, n_ctx=64)
-    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_up.weight"], X, 0), theirs)
+    m = Model(real_gemma, n_ctx=64, arithmetic="int8")
+    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_up.weight"], X, 0, m.arith), theirs)
 
 
-def test_int8_k_quant_batch_matmuls_equal_llama_cpps_bit_for_bit(real_gemma, arithmetic):
+def test_int8_k_quant_batch_matmuls_equal_llama_cpps_bit_for_bit(real_gemma):
     """From 8 tokens llama.cpp multiplies K-quant matrices in its tiled kernel (plain buffers; its
     default ones repack Q4_K and sum otherwise); the K-quant row tiles (runtime.kernels.
     kq_row_tiles) sum as it does, so the real file's layer-0 Q6_K down projection equals its
@@ -125,29 +123,27 @@ def test_int8_k_quant_batch_matmuls_equal_llama_cpps_bit_for_bit(real_gemma, ari
     from runtime import ggml_ops
 
     pytest.importorskip("llama_cpp")
-    arithmetic("int8")
     names = {"kqv_out-0", "attn_post_norm-0", "ffn_geglu-0", "ffn_out-0"}
     t = {k: v.reshape(len(PROMPT), -1) for k, v in llamacpp.graph_tensors(
         real_gemma, PROMPT, names, plain_only=True, n_threads=2, type_k=0, type_v=0).value.items()}
-    m = Model(real_gemma, n_ctx=64)
-    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_down.weight"], t["ffn_geglu-0"], 0), t["ffn_out-0"])
-    wo = m._mm(m.layers[0]["attn_output.weight"], t["kqv_out-0"], 0)
+    m = Model(real_gemma, n_ctx=64, arithmetic="int8")
+    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_down.weight"], t["ffn_geglu-0"], 0, m.arith), t["ffn_out-0"])
+    wo = m._mm(m.layers[0]["attn_output.weight"], t["kqv_out-0"], 0, m.arith)
     w = np.asarray(m.layers[0]["post_attention_norm.weight"], np.float32)
     np.testing.assert_array_equal(ggml_ops.rms_norm(wo, w, np.float32(m.hp.norm_eps)), t["attn_post_norm-0"])
 
 
 # --- the "llamacpp" arithmetic: llama.cpp's order of sums everywhere (runtime.kernels.ggml_order) ---
-def test_llamacpp_arithmetic_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma, arithmetic):
+def test_llamacpp_arithmetic_q5_0_matmul_equals_llama_cpps_bit_for_bit(real_gemma):
     """What the int8 Q5_0 kernel above gives up for speed, the "llamacpp" arithmetic's blockwise
     twin has: the real file's layer-0 up projection equals llama.cpp's bit for bit."""
-    arithmetic("llamacpp")
     X, theirs = _ffn_up_layer0(real_gemma)
-    m = Model(real_gemma, n_ctx=64)
-    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_up.weight"], X, 0), theirs)
+    m = Model(real_gemma, n_ctx=64, arithmetic="llamacpp")
+    np.testing.assert_array_equal(m._mm(m.layers[0]["ffn_up.weight"], X, 0, m.arith), theirs)
 
 
 @pytest.mark.parametrize("n", [6, len(PROMPT)])  # llama.cpp's one-token kernels, then its batch ones
-def test_llamacpp_arithmetic_logits_equal_llama_cpps_bit_for_bit(real_gemma, n, arithmetic):
+def test_llamacpp_arithmetic_logits_equal_llama_cpps_bit_for_bit(real_gemma, n):
     """Every logit of every position, Q5_0, Q8_0, Q4_K and Q6_K matrices, local and global
     attention: equal to llama.cpp's (plain buffers, F32 KV cache) bit for bit."""
     from aios.reference import llamacpp
@@ -155,14 +151,13 @@ def test_llamacpp_arithmetic_logits_equal_llama_cpps_bit_for_bit(real_gemma, n, 
     pytest.importorskip("llama_cpp")
     if not ggml_ops_order():
         pytest.skip("llama.cpp's sums are mirrored as its x86 AVX-512 VNNI build orders them")
-    arithmetic("llamacpp")
     ids = PROMPT[:n]
     theirs = llamacpp.logits(real_gemma, ids, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,
                              type_k=0, type_v=0).value
-    np.testing.assert_array_equal(Model(real_gemma, n_ctx=64).forward(ids, all_logits=True), theirs)
+    np.testing.assert_array_equal(Model(real_gemma, n_ctx=64, arithmetic="llamacpp").forward(ids, all_logits=True), theirs)
 
 
-def test_llamacpp_arithmetic_greedy_text_equals_llama_cpps(real_gemma, arithmetic):
+def test_llamacpp_arithmetic_greedy_text_equals_llama_cpps(real_gemma):
     """A prompt, then 16 tokens one at a time (issue 39's greedy check, one of its prompts)."""
     from aios.reference import llamacpp
     from runtime.generate import generate, load_tokenizer
@@ -170,11 +165,10 @@ def test_llamacpp_arithmetic_greedy_text_equals_llama_cpps(real_gemma, arithmeti
     pytest.importorskip("llama_cpp")
     if not ggml_ops_order():
         pytest.skip("llama.cpp's sums are mirrored as its x86 AVX-512 VNNI build orders them")
-    arithmetic("llamacpp")
     ids = load_tokenizer(real_gemma)("Once upon a time, in a small village,")["input_ids"]
     theirs = llamacpp.greedy(real_gemma, ids, 16, plain_only=True, n_ctx=64, n_batch=64, n_threads=2,
                              type_k=0, type_v=0).value
-    ours, _ = generate(Model(real_gemma, n_ctx=64), ids, 16)
+    ours, _ = generate(Model(real_gemma, n_ctx=64, arithmetic="llamacpp"), ids, 16)
     assert list(ours) == theirs
 
 

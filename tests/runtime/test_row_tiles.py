@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from runtime import kernels as K
-from runtime.kernels import amx, dispatch, gemm, kq_tiles, row_tiles
+from runtime.kernels import dispatch, gemm, kq_tiles, row_tiles
+from runtime.kernels import kept as kept_mod
 from tests.runtime.quant_blocks import random_blocks
 
 RNG = np.random.default_rng(23)
@@ -34,14 +35,12 @@ def test_row_tiles_take_the_signed_32_value_types(fmt, nb, no_amx, monkeypatch):
     monkeypatch.setattr(dispatch, "mm_rows", lambda f, W, xs, Y, c, kept: seen.append(xs[2] is not xs[0])
                         or row_tiles.mm_rows(f, W, xs, Y, c, kept))
     W = random_blocks(fmt, 33, nb, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 5, 32 * nb)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS + 5, 32 * nb)).astype(np.float32)
     X[:, ::5] *= 20  # outliers
     ys = {}
     for arith, batched in (("int8", False), ("int8", True), ("int16", True)):
-        K.set_arithmetic(arith)
-        K.set_batched_gemm(batched)
         Y = np.full((X.shape[0], 33), np.nan, np.float32)
-        K.mm_block_arith(fmt, W, X, None, Y)
+        K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic(arith, batched=batched))
         ys[arith, batched] = Y.astype(np.float64)
     assert seen == [False, True]  # int8 one plane, int16 two, each in the row tiles
     one_token, tiles = ys["int8", False], ys["int8", True]
@@ -51,14 +50,16 @@ def test_row_tiles_take_the_signed_32_value_types(fmt, nb, no_amx, monkeypatch):
 
 
 def test_chunks_of_rows_equal_one_chunk(no_amx, monkeypatch):  # the output head, in chunks
-    K.set_arithmetic("int8")
+    if not kq_tiles.tiled("q8_0"):  # (the float32 GEMM's sums depend on the chunk: BLAS's order)
+        pytest.skip("q8_0 keeps the float32 GEMM on this CPU (no VNNI)")
+    i8 = K.Arithmetic("int8")
     W = random_blocks("q8_0", 70, 20, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 640)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS, 640)).astype(np.float32)
     whole = np.empty((X.shape[0], 70), np.float32)
-    K.mm_block_arith("q8_0", W, X, None, whole)
+    K.mm_block_arith("q8_0", W, X, None, whole, i8)
     monkeypatch.setattr(gemm, "CHUNK_VALUES", 20 * 640)  # 16 rows a chunk (whole groups): 5 chunks
     chunked = np.empty_like(whole)
-    K.mm_block_arith("q8_0", W, X, None, chunked)
+    K.mm_block_arith("q8_0", W, X, None, chunked, i8)
     np.testing.assert_array_equal(chunked, whole)
 
 
@@ -66,29 +67,26 @@ def test_chunks_of_rows_equal_one_chunk(no_amx, monkeypatch):  # the output head
 def test_rows_kept_in_the_tiles_layout(fmt, no_amx, monkeypatch):
     """Inside ``kept_unpacked`` a matrix is unpacked once, kept in the row tiles' groups of 16
     rows and reused: the same products as unpacking per matmul, in int8 and int16; freed on exit."""
-    K.set_arithmetic("int8")
     W = random_blocks(fmt, 41, 20, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS + 3, 640)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS + 3, 640)).astype(np.float32)
     fresh = {}
     for arith in ("int8", "int16"):
-        K.set_arithmetic(arith)
         fresh[arith] = np.empty((X.shape[0], 41), np.float32)
-        K.mm_block_arith(fmt, W, X, None, fresh[arith])
+        K.mm_block_arith(fmt, W, X, None, fresh[arith], K.Arithmetic(arith))
     calls, kept = [], []
-    for mod in (amx, row_tiles):
+    for mod in (kept_mod, row_tiles):
         monkeypatch.setattr(mod, "unpack_b32_rows", lambda *a, real=mod.unpack_b32_rows: (calls.append(1), real(*a))[1])
     monkeypatch.setattr(dispatch, "mm_rows", lambda f, W, xs, Y, c, k=None: kept.append(k is not None)
                         or row_tiles.mm_rows(f, W, xs, Y, c, k))
-    assert amx.kept_layout(fmt, 640) == "rows"
-    with amx.kept_unpacked(matrices=[(fmt, 41, 640)]):
+    assert kept_mod.kept_layout(fmt, 640) == "rows"
+    with K.kept_unpacked(matrices=[(fmt, 41, 640)]) as store:
         for arith in ("int8", "int8", "int16"):
-            K.set_arithmetic(arith)
             Y = np.empty_like(fresh[arith])
-            K.mm_block_arith(fmt, W, X, None, Y)
+            K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic(arith).keeping(store))
             np.testing.assert_array_equal(Y, fresh[arith])
-        assert len(calls) == 1 and amx._KEPT["bytes"] == amx.unpacked_bytes(fmt, 41, 640, "rows")
-    assert kept == [True] * 3 and amx._KEPT["mats"] == {} and not amx._KEPT["on"]
-    K.mm_block_arith(fmt, W, X, None, Y)  # outside: unpacked again
+        assert len(calls) == 1 and store.nbytes == kept_mod.unpacked_bytes(fmt, 41, 640, "rows")
+    assert kept == [True] * 3 and store.mats == {}
+    K.mm_block_arith(fmt, W, X, None, Y, K.Arithmetic("int8"))  # no store: unpacked again
     assert kept[-1] is False and len(calls) > 1
 
 
@@ -100,14 +98,13 @@ def test_row_tiles_where_the_lanes_pad_or_rows_are_kept(no_amx, monkeypatch):
     assert not row_tiles.pads_lanes(4096) and not row_tiles.pads_lanes(4544)
     if not kq_tiles.tiled("q8_0"):
         pytest.skip("q8_0 keeps the float32 GEMM on this CPU (no VNNI)")
-    K.set_arithmetic("int8")
     seen = []
     monkeypatch.setattr(dispatch, "mm_rows", lambda *a: seen.append("rows") or row_tiles.mm_rows(*a))
     monkeypatch.setattr(dispatch, "mm_tiles", lambda *a: seen.append("lanes") or kq_tiles.mm_tiles(*a))
     W = random_blocks("q8_0", 20, 128, RNG)
-    X = RNG.standard_normal((gemm.GEMM_MIN_TOKENS, 4096)).astype(np.float32)
+    X = RNG.standard_normal((K.GEMM_MIN_TOKENS, 4096)).astype(np.float32)
     Y = np.empty((X.shape[0], 20), np.float32)
-    K.mm_block_arith("q8_0", W, X, None, Y)
-    with amx.kept_unpacked(matrices=[("q8_0", 20, 4096)]):
-        K.mm_block_arith("q8_0", W, X, None, Y)
+    K.mm_block_arith("q8_0", W, X, None, Y, K.Arithmetic("int8"))
+    with K.kept_unpacked(matrices=[("q8_0", 20, 4096)]) as store:
+        K.mm_block_arith("q8_0", W, X, None, Y, K.Arithmetic("int8").keeping(store))
     assert seen == ["lanes", "rows"]

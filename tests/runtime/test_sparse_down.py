@@ -57,14 +57,14 @@ def gated_relu_file(tmp_path_factory):
     return make
 
 
-def _decoded_down(path):
+def _decoded_down(path, arithmetic="float"):
     """A dense model of ``path`` whose neuron-major down projections hold gguf-py's decoding of
     their rows as F32 (summed by the float kernel): the reference the block kernels are held to,
     since dense and sparse on the file both run them."""
     from runtime.sparse_down import NeuronRows
     from runtime.weights import Matrix
 
-    model = Model(path)
+    model = Model(path, arithmetic=arithmetic)
     for L in model.layers:
         op = L.get("ffn_down.weight")
         if isinstance(op, NeuronRows) and op.m.kind not in ("F32", "F16", "BF16"):
@@ -75,14 +75,14 @@ def _decoded_down(path):
 
 
 def _sparse_vs_dense(path):
-    dense, sparse = Model(path), Model(path, mode="sparse")
+    dense, sparse = Model(path, arithmetic="float"), Model(path, mode="sparse", arithmetic="float")
     a = dense.forward(IDS, all_logits=True)
     b = sparse.forward(IDS, all_logits=True)
     assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())
     ref = _decoded_down(path).forward(IDS, all_logits=True)
     assert np.abs(a - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
-    d_text, td = generate(Model(path), IDS, 10)
-    s_text, ts = generate(Model(path, mode="sparse"), IDS, 10)
+    d_text, td = generate(Model(path, arithmetic="float"), IDS, 10)
+    s_text, ts = generate(Model(path, mode="sparse", arithmetic="float"), IDS, 10)
     assert s_text == d_text
     return td, ts, sparse
 
@@ -122,18 +122,17 @@ def test_gated_relu_sparse_down_every_outtype(gated_relu_file, outtype):
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_0", "q4_k", "q6_k", "q2_k"])
-def test_gated_relu_sparse_down_int8_arithmetic(gated_relu_file, arithmetic, outtype):
+def test_gated_relu_sparse_down_int8_arithmetic(gated_relu_file, outtype):
     """The fast path: int8 arithmetic (the gathered gate/up rows as int8 dot products, the down rows
     a float axpy either way) gives the same greedy text sparse as dense."""
-    arithmetic("int8")
     out = gated_relu_file(outtype)
-    d_text, _ = generate(Model(out), IDS, 10)
-    s_text, _ = generate(Model(out, mode="sparse"), IDS, 10)
-    assert s_text == d_text == generate(_decoded_down(out), IDS, 10)[0]
+    d_text, _ = generate(Model(out, arithmetic="int8"), IDS, 10)
+    s_text, _ = generate(Model(out, mode="sparse", arithmetic="int8"), IDS, 10)
+    assert s_text == d_text == generate(_decoded_down(out, "int8"), IDS, 10)[0]
     # the logits only to int8's resolution: the down sums differ in float rounding (other rows in
     # each thread's partial sum), which can move the next layer's activations across an int8 step
-    a = Model(out).forward(IDS, all_logits=True)
-    b = Model(out, mode="sparse").forward(IDS, all_logits=True)
+    a = Model(out, arithmetic="int8").forward(IDS, all_logits=True)
+    b = Model(out, mode="sparse", arithmetic="int8").forward(IDS, all_logits=True)
     assert np.abs(a - b).max() <= 3e-2 * max(1.0, np.abs(a).max())
 
 
@@ -148,7 +147,7 @@ def test_standard_quantized_file_refuses_sparse_with_the_command(tmp_path):
     out = tmp_path / "std.gguf"
     export_gguf(str(FIXTURES_DIR / "tiny-falcon-relu"), out, GGUFExportConfig("q8_0"))
     with pytest.raises(InvalidModelError, match="--sparse-down"):
-        Model(out, mode="sparse")
+        Model(out, mode="sparse", arithmetic="float")
 
 
 @pytest.mark.parametrize("outtype", EVERY_OUTTYPE)

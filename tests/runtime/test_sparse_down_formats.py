@@ -107,7 +107,7 @@ def _down_reference(path) -> Model:
     """A dense model of ``path`` whose down projections are F32 matrices rebuilt from the stored
     neuron-major tensors by gguf-py: Σ of each term (Xᵀ transposed back, U·(Vᵀ)ᵀ)."""
     t = _tensors(path)
-    model = Model(path)
+    model = Model(path, arithmetic="float")
     for i, L in enumerate(model.layers):
         op = L["ffn_down.weight"]
         W = np.zeros((op.n_out, op.n_in))
@@ -130,12 +130,12 @@ def _close(a: np.ndarray, b: np.ndarray, tol: float = 1e-5) -> None:
 
 
 def _sparse_equals_dense(path) -> None:
-    dense = Model(path).forward(IDS, all_logits=True)
-    sparse = Model(path, mode="sparse").forward(IDS, all_logits=True)
+    dense = Model(path, arithmetic="float").forward(IDS, all_logits=True)
+    sparse = Model(path, mode="sparse", arithmetic="float").forward(IDS, all_logits=True)
     _close(sparse, dense)
     _close(dense, _down_reference(path).forward(IDS, all_logits=True))
-    d_text, _ = generate(Model(path), IDS, 10)
-    s_text, _ = generate(Model(path, mode="sparse"), IDS, 10)
+    d_text, _ = generate(Model(path, arithmetic="float"), IDS, 10)
+    s_text, _ = generate(Model(path, mode="sparse", arithmetic="float"), IDS, 10)
     assert s_text == d_text
 
 
@@ -159,7 +159,7 @@ def test_aliased_sparse_equals_dense(aliased, delta, outtype):
     groups = af.groups_of(resolve_model(str(path)))
     down = next(g for g in groups if g.canonical.endswith("ffn_down.canonical.t"))
     assert all(n.endswith((".t", ".lr_u")) for m in down.members for n in m.tensors)
-    m = Model(path, mode="sparse")
+    m = Model(path, mode="sparse", arithmetic="float")
     assert isinstance(m.layers[3]["ffn_down.T"], NeuronMajorSum)
     _sparse_equals_dense(path)
 
@@ -169,7 +169,7 @@ def test_aliased_sparse_down_dense_logits_equal_the_standard_layout(aliased, del
     """F16 stores each value the same whatever the layout: same values, different layout."""
     nm, std = aliased(delta, "f16", True), aliased(delta, "f16", False)
     assert "blk.2.ffn_down.canonical" in _tensors(std)
-    _close(Model(nm).forward(IDS, all_logits=True), Model(std).forward(IDS, all_logits=True))
+    _close(Model(nm, arithmetic="float").forward(IDS, all_logits=True), Model(std, arithmetic="float").forward(IDS, all_logits=True))
 
 
 def test_aliased_sparse_down_metadata_and_ratio(aliased):
@@ -236,7 +236,7 @@ def test_lowrank_k_residual_falls_back_on_rows_it_cannot_tile(lowrank):
 def test_lowrank_sparse_down_dense_logits_equal_the_standard_layout(lowrank):
     nm, std = lowrank("f16", True), lowrank("f16", False)
     assert "blk.0.ffn_down.residual" in _tensors(std)
-    _close(Model(nm).forward(IDS, all_logits=True), Model(std).forward(IDS, all_logits=True))
+    _close(Model(nm, arithmetic="float").forward(IDS, all_logits=True), Model(std, arithmetic="float").forward(IDS, all_logits=True))
 
 
 # --- int8 arithmetic -----------------------------------------------------------------------
@@ -244,11 +244,10 @@ def test_lowrank_sparse_down_dense_logits_equal_the_standard_layout(lowrank):
 
 @pytest.mark.parametrize("kind, case", [("alias", "q8_0"), ("alias", "q4_0"), ("svd", "q8_0"), ("svd", "q4_0"),
                                         ("svd", "q4_k")])
-def test_int8_arithmetic_sparse_text_equals_dense(aliased, lowrank, arithmetic, kind, case):
-    arithmetic("int8")
+def test_int8_arithmetic_sparse_text_equals_dense(aliased, lowrank, kind, case):
     path = aliased("lowrank:8", case) if kind == "alias" else lowrank(case)
-    d_text, _ = generate(Model(path), IDS, 10)
-    s_text, _ = generate(Model(path, mode="sparse"), IDS, 10)
+    d_text, _ = generate(Model(path, arithmetic="int8"), IDS, 10)
+    s_text, _ = generate(Model(path, mode="sparse", arithmetic="int8"), IDS, 10)
     assert s_text == d_text
 
 
@@ -274,7 +273,7 @@ def _expected_down_reads(path, model: Model, active: dict[int, int]) -> dict[str
 def test_sparse_bytes_are_the_stored_rows_touched(aliased, lowrank, kind):
     path = {"alias-lowrank": lambda: aliased("lowrank:8", "q4_0"), "alias-q8_0": lambda: aliased("q8_0", "q8_0"),
             "svd": lambda: lowrank("q4_0")}[kind]()
-    dense, sparse = Model(path), Model(path, mode="sparse")
+    dense, sparse = Model(path, arithmetic="float"), Model(path, mode="sparse", arithmetic="float")
     for m in (dense, sparse):
         m.forward(IDS)
     active: dict[int, int] = {}
@@ -299,9 +298,9 @@ def test_sparse_bytes_are_the_stored_rows_touched(aliased, lowrank, kind):
 
 def test_standard_layout_composites_refuse_the_sparse_modes_with_the_command(aliased, lowrank):
     with pytest.raises(UsageError, match="--sparse-down"):
-        Model(aliased("lowrank:8", "q8_0", False), mode="sparse")
+        Model(aliased("lowrank:8", "q8_0", False), mode="sparse", arithmetic="float")
     with pytest.raises(UsageError, match="--sparse-down"):
-        Model(lowrank("q8_0", False), mode="sparse")
+        Model(lowrank("q8_0", False), mode="sparse", arithmetic="float")
 
 
 def test_alias_sparse_down_without_an_aliased_gguf_is_a_usage_error(tmp_path):

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from aios.errors import UsageError
 from runtime import kernels as K
+from runtime.kernels import threads
 from runtime.cli import main
 
 
@@ -62,7 +63,7 @@ def test_small_work_runs_on_one_thread():
         K.set_threads(1)
         K.threads_for(10 * K.SERIAL_BYTES)
         assert numba.get_num_threads() == 1
-        K._THREADS.update(want=0, now=0)  # library use: no set_threads call
+        threads._THREADS.update(want=0, now=0)  # library use: no set_threads call
         numba.set_num_threads(2)
         K.threads_for(10)
         assert numba.get_num_threads() == 1
@@ -70,7 +71,7 @@ def test_small_work_runs_on_one_thread():
         assert numba.get_num_threads() == 2
     finally:
         numba.set_num_threads(before)
-        K._THREADS.update(want=0, now=0)
+        threads._THREADS.update(want=0, now=0)
 
 
 def test_generate_and_bench_take_threads(exported, tmp_path):

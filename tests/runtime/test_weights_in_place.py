@@ -59,7 +59,7 @@ def _matrices(model: Model) -> list[Matrix]:
 
 def test_loading_a_q8_0_gguf_copies_no_weights(tmp_path):
     path = _write(tmp_path / "q8.gguf", "Q8_0")
-    model = Model(path)
+    model = Model(path, arithmetic="float")
     ms = _matrices(model)
     assert len(ms) == 2 + 4 * 2 and all(m.kind == "Q8_0" for m in ms)
     mm = model.reader.data  # the reader's np.memmap of the whole file
@@ -90,7 +90,7 @@ def test_embedding_rows_decode_as_gguf_py_to_the_bit(tmp_path, kind):
     decoders and equals gguf-py's dequantizer bit for bit, negative zeros included, for any rows
     (repeated, out of order)."""
     path = _write(tmp_path / f"{kind}.gguf", kind, layers=1)
-    model = Model(path)
+    model = Model(path, arithmetic="float")
     m = model.tok_embd
     rows = np.array([5, 0, 63, 5, 17], np.int64)
     ref = gguf.dequantize(m.data[rows], quant.qtype(kind)).astype(np.float32).reshape(len(rows), m.n_in)
