@@ -1,7 +1,7 @@
 """``aios-convert``: turn models into contract-satisfying artifacts.
 
 The top layer: each command parses options, calls one library entry point and renders (the
-renderers are in ``convert/*_cli.py``). It may compose packages (``svd-residual`` runs its file
+renderers are each converter package's ``cli.py``). It may compose packages (``svd-residual`` runs its file
 in ``runtime``); the library modules it calls never import it. Option choices come from the
 library modules' own vocabularies, all importable without torch.
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 import click
 
 from aios.cli_common import EXIT_CODES_HELP, AiosGroup, make_console, version_option, warn
-from convert.alias_config import CANONICAL_MODES, DELTA_NORMS, GGUF_OUTTYPES
+from convert.alias.config import CANONICAL_MODES, DELTA_NORMS, GGUF_OUTTYPES
 from convert.gguf import OUTTYPES
-from convert.relufy_config import DEVICES, RelufyConfig
-from convert.sparsify import ALLOCATIONS as SPARSIFY_ALLOCATIONS
-from convert.sparsify import SITES as SPARSIFY_SITES
+from convert.lowrank.config import BASE_TYPES, FACTOR_TYPES, METHODS, RESIDUALS
+from convert.relufication.config import DEVICES, RelufyConfig
+from convert.sparsify.config import ALLOCATIONS as SPARSIFY_ALLOCATIONS
+from convert.sparsify.config import SITES as SPARSIFY_SITES
 from convert.sparsity_map import MODES as SPARSITY_MODES
-from convert.svd_residual import BASE_TYPES, FACTOR_TYPES, METHODS, RESIDUALS
 
 
 def _model_types(export_only: bool = False) -> str:
@@ -187,8 +187,8 @@ def relufy_command(model: str, out: str, activation: str, train_data: str | None
     from dataclasses import replace
 
     from aios.errors import UsageError
+    from convert.relufication.cli import relufy_progress, render_relufy
     from convert.relufy import RelufyConfig, parse_activation, relufy
-    from convert.relufy_cli import relufy_progress, render_relufy
 
     if batch_tokens is not None:
         if batch_tokens % options["seq_len"]:
@@ -232,7 +232,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
     """Static mask of FFN neurons to skip, chosen by measured held-out perplexity."""
     from aios.cli_common import err_console
     from convert.sparsity_map import SparsityMapConfig, sparsity_map
-    from convert.sparsity_map_cli import render_sparsity_map
+    from convert.sparsity_map.cli import render_sparsity_map
 
     refuse_smooth_activation(model)
 
@@ -275,7 +275,7 @@ def sparsify_command(model: str, out: str, target: float | None, max_ppl_ratio: 
     the file's metadata, and aios-run applies them in every mode (llama.cpp ignores them).
     """
     from convert.sparsify import SparsifyConfig, sparsify
-    from convert.sparsify_cli import render_sparsify, sparsify_progress
+    from convert.sparsify.cli import render_sparsify, sparsify_progress
 
     if target is None and max_ppl_ratio is None:
         target = 0.5
@@ -288,7 +288,7 @@ def sparsify_command(model: str, out: str, target: float | None, max_ppl_ratio: 
     render_sparsify(result, as_json)
 
 
-# The trained-aliasing defaults shown in --help (convert.alias_train.TrainConfig imports torch,
+# The trained-aliasing defaults shown in --help (convert.alias.train.TrainConfig imports torch,
 # which --help must not; tests/convert/test_cli.py keeps these equal to TrainConfig's).
 ALIAS_TRAIN_DEFAULTS = {"steps": 400, "lam": 1e-2, "lr": 1e-3}
 
@@ -351,8 +351,8 @@ def alias_command(model: str, out: str | None, zones: str | None, delta: str, ca
     With --train it runs under `accelerate launch` / `torchrun` as DDP, like relufy.
     """
     from aios.cli_common import err_console
-    from convert.alias_cli import render_alias, render_export
-    from convert.alias_run import run_alias
+    from convert.alias.cli import render_alias, render_export
+    from convert.alias.run import run_alias
 
     def progress(message: str) -> None:
         err_console.print(f"[dim]{message}[/]")
@@ -420,8 +420,8 @@ def svd_residual_command(model: str, output: str, rank: str | None, calibration:
     from pathlib import Path
 
     from aios.cli_common import err_console
+    from convert.lowrank.cli import render, write_report
     from convert.svd_residual import SvdResidualConfig, svd_residual
-    from convert.svd_residual_cli import render, write_report
 
     cfg = replace(SvdResidualConfig(), rank=_parse_rank(rank),
                   calibration=Path(calibration).name if calibration else None, **options)

@@ -22,7 +22,6 @@ and the slot is then filled with the manifest padded by spaces (valid JSON).
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -193,10 +192,9 @@ def _portable(config: LayoutConfig) -> dict:
 
 
 def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -> None:
-    import gguf
-
-    from convert.gguf import add_metadata, atomic_output
-    from convert.gguf.writer import FileSlice, copy_fields
+    """``handle``'s GGUF with ``blocks``' tensors in their order, ``extra`` and the manifest (its
+    offsets filled in once the tensors' places are known) as the last key."""
+    from convert.gguf.writer import RawTensor, ReservedKey, rewrite_gguf
 
     reader = handle.store.reader  # type: ignore[union-attr]
     by_name = {t.name: t for t in reader.tensors}
@@ -204,35 +202,16 @@ def _rewrite(handle: ModelHandle, out: Path, blocks: list[Block], extra: dict) -
     digits = len(str(2 * src_size + (64 << 20)))
     for b in blocks:  # reserve the widest offsets the output can have
         b.offset = 10**digits - 1
-    slot = len(manifest_json(blocks))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(out) as tmp:
-        w = gguf.GGUFWriter(str(tmp), reader.fields["general.architecture"].contents())
-        copy_fields(w, reader, skip=lambda key: key == MANIFEST_KEY or key.startswith("aios.layout."))
-        add_metadata(w, extra)
-        w.add_string(MANIFEST_KEY, " " * slot)  # last key: its bytes end where tensor infos begin
-        for b in blocks:
-            t = by_name[b.name]
-            w.add_tensor_info(b.name, tuple(int(d) for d in reversed(t.shape.tolist())),
-                              np.dtype(np.float32), int(t.n_bytes), raw_dtype=t.tensor_type)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        kv_end = os.path.getsize(tmp)
-        w.write_ti_data_to_file()
-        pos = w.ggml_pad(os.path.getsize(tmp), w.data_alignment)
-        for b in blocks:
-            b.offset = pos
-            pos += w.ggml_pad(b.size, w.data_alignment)
-        text = manifest_json(blocks)
-        assert len(text) <= slot, (len(text), slot)
-        with open(tmp, "r+b") as fh:
-            fh.seek(kv_end - slot)
-            fh.write(text.ljust(slot).encode("ascii"))
-        for b in blocks:
-            t = by_name[b.name]
-            w.write_tensor_data(FileSlice(handle.path, int(t.data_offset), int(t.n_bytes)))  # type: ignore[arg-type]
-        w.close()
-        _verify_written(tmp, text)
+
+    def fill(offsets: list[int]) -> str:
+        for b, offset in zip(blocks, offsets):
+            b.offset = offset
+        return manifest_json(blocks)
+
+    rewrite_gguf(reader, out, [RawTensor.copied(handle.path, by_name[b.name]) for b in blocks], extra,  # type: ignore[arg-type]
+                 skip=lambda key: key == MANIFEST_KEY or key.startswith("aios.layout."),
+                 reserved=ReservedKey(MANIFEST_KEY, len(manifest_json(blocks)), fill),
+                 check=lambda tmp: _verify_written(tmp, manifest_json(blocks)))
 
 
 def _verify_written(path: Path, text: str) -> None:

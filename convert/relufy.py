@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from aios.errors import UsageError
-from convert.relufy_config import (
+from convert.relufication.config import (
     ACTIVATIONS,
     CONFIG_VERSION,
     PROVENANCE_FILE,
@@ -133,7 +133,7 @@ def relufy(model: str, out: str | Path, config: RelufyConfig | None = None, *,
     from dataclasses import replace
 
     from convert.engine import parse_tokens, steps_for
-    from convert.relufy_run import run
+    from convert.relufication.run import run
 
     cfg = config or RelufyConfig()
     budget = None

@@ -1,6 +1,6 @@
 """The canonical + delta (R3 alias) format: names, metadata, the aliasing ratio, materialization.
 
-One module shared by the converter (``convert/alias.py``), the checker
+One module shared by the converter (``convert/alias/posthoc.py``), the checker
 (``contract/checks/r3_aliasing.py``), the GGUF writer and the torch loader, so they all
 read the same structure and compute the aliasing ratio the same way.
 
@@ -273,7 +273,11 @@ def delta_dense(member: Member, get: Callable[[str], np.ndarray]) -> np.ndarray 
     if member.encoding == "dense":
         return get(member.tensors[0])
     if member.encoding == "lowrank":
-        return get(member.tensors[0]) @ get(member.tensors[1])
+        # U·V in float64, then rounded: each product of two float32 values is exact in float64, so
+        # the result no longer depends on the BLAS's summation order (an AMD EPYC's OpenBLAS and
+        # a Xeon's gave different float32 bits, and so different de-aliased GGUF bytes)
+        U, V = get(member.tensors[0]), get(member.tensors[1])
+        return (U.astype(np.float64) @ V.astype(np.float64)).astype(np.float32)
     if len(member.tensors) == 1:  # GGUF stores Q8_0 natively; ``get`` dequantizes it
         return get(member.tensors[0])
     return q8_dequantize(get(member.tensors[0]).astype(np.int8), get(member.tensors[1]).astype(np.float16))

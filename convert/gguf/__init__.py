@@ -11,9 +11,9 @@
 ``aios-convert gguf`` (:mod:`convert.gguf.export`) is the plain pipeline. Exporters that add
 or replace tensors (alias canonical + deltas, svd-residual factors, sparsity masks) build the
 standard plan with :func:`plan_tensors`, transform its list of :class:`PlannedTensor`, and
-write it with :func:`write_plan`; ``aios-convert layout``, which rewrites an existing GGUF,
-uses :func:`atomic_output` and :func:`add_metadata`. See docs/design.md, "How to add a
-converter".
+write it with :func:`write_plan`. The converters that rewrite an existing GGUF (``layout``,
+``sparsify``) go through :func:`rewrite_gguf`: the source's keys and their own, tensors copied
+byte for byte (:class:`RawTensor`) or re-encoded. See docs/design.md, "How to add a converter".
 """
 
 from convert.gguf.export import ExportResult, check_output_file, check_outtype, export_gguf
@@ -22,12 +22,13 @@ from convert.gguf.plan import (ExportPlan, GGUFExportConfig, PlannedTensor, chec
                                fallback_lines, gguf_name, gguf_name_map, plan_tensor, plan_tensors,
                                tensor_order)
 from convert.gguf.tensors import OUTTYPES
-from convert.gguf.writer import TensorOut, atomic_output, finalize, write_gguf_file, write_plan
+from convert.gguf.writer import (RawTensor, ReservedKey, TensorOut, atomic_output, finalize, rewrite_gguf,
+                                 write_gguf_file, write_plan)
 
 __all__ = [
-    "OUTTYPES", "ExportPlan", "ExportResult", "GGUFExportConfig", "PlannedTensor", "TensorOut",
-    "add_metadata", "aios_metadata", "atomic_output", "check_exportable", "check_output_file",
-    "check_outtype", "export_gguf", "fallback_lines", "finalize", "gguf_name", "gguf_name_map",
-    "plan_tensor", "plan_tensors", "provenance", "tensor_order", "write_gguf_file",
-    "write_plan",
+    "OUTTYPES", "ExportPlan", "ExportResult", "GGUFExportConfig", "PlannedTensor", "RawTensor",
+    "ReservedKey", "TensorOut", "add_metadata", "aios_metadata", "atomic_output", "check_exportable",
+    "check_output_file", "check_outtype", "export_gguf", "fallback_lines", "finalize", "gguf_name",
+    "gguf_name_map", "plan_tensor", "plan_tensors", "provenance", "rewrite_gguf", "tensor_order",
+    "write_gguf_file", "write_plan",
 ]

@@ -1,7 +1,7 @@
 """Sparsity maps embedded in a GGUF: ``blk.N.ffn_active`` masks and ``aios.sparsity.*`` keys.
 
-Map file format read here (the sparsity-map converter, ``convert/sparsity_map.py``, must write
-exactly this; keep the two in step):
+Map file format read here (the sparsity-map converter, ``convert/sparsity_map/__init__.py``,
+must write exactly this; keep the two in step):
 
 - ``MAP.npz`` with one array ``layer_<i>`` per FFN layer ``i``: shape (d_ffn,), bool or 0/1
   integers, 1 = neuron kept (may fire), 0 = neuron pruned (always zero, its rows skipped);

@@ -205,10 +205,12 @@ class EncodedTensor:
 
 
 def encode(x: np.ndarray, outtype: str) -> np.ndarray:
-    """float32 array -> the bytes (or native array) of ``outtype``, via gguf-py's quantizers."""
-    assert x.dtype == np.float32, x.dtype
+    """Float array (taken as contiguous float32) -> the bytes (or native array) of ``outtype``,
+    via gguf-py's quantizers; K-quants by ``convert.kquants``. Every writer's one encoder: the
+    export's chunks, sparsify's neuron-major re-encoding, svd-residual's factors and residuals."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
     if outtype == "f32":
-        return np.ascontiguousarray(x)
+        return x
     if outtype == "f16":
         return x.astype(np.float16)
     if outtype in KQUANTS:  # gguf-py cannot encode K-quants; ours write the same block layout
@@ -217,10 +219,10 @@ def encode(x: np.ndarray, outtype: str) -> np.ndarray:
         return kquants.quantize(x.reshape(-1, x.shape[-1]), outtype)
     from gguf import quants
 
-    return quants.quantize(np.ascontiguousarray(x), ggml_type(outtype))
+    return quants.quantize(x, ggml_type(outtype))
 
 
 def sqnr_db(x: np.ndarray, y: np.ndarray) -> float:
     """Signal-to-quantization-noise ratio 20·log10(‖x‖/‖x−y‖) in dB (inf when equal)."""
-    noise = float(np.linalg.norm((x - y).ravel()))
-    return float("inf") if noise == 0 else 20 * np.log10(float(np.linalg.norm(x.ravel())) / noise)
+    noise = float(np.linalg.norm(x - y))
+    return float("inf") if noise == 0 else float(20 * np.log10(float(np.linalg.norm(x)) / noise))

@@ -6,6 +6,8 @@ interrupted or failed conversion leaves nothing under the final name (docs/desig
 "Atomic writes"). :func:`write_plan` writes an :class:`~convert.gguf.plan.ExportPlan` in
 gguf-py's one explicit protocol: header, key/values (architecture keys, tokenizer, ``aios.*``),
 tensor infos, then each tensor's data, encoded chunk by chunk as it is written.
+:func:`rewrite_gguf` is the same protocol for a GGUF read back and rewritten (``layout``,
+``sparsify``): the source's key/values, tensors copied byte for byte or re-encoded.
 """
 
 from __future__ import annotations
@@ -143,3 +145,71 @@ def copy_fields(w, reader, skip: Callable[[str], bool] = lambda key: False) -> N
         if sub == gguf.GGUFValueType.ARRAY:
             raise InvalidModelError(f"Key '{key}' holds nested arrays, which a GGUF rewrite does not copy.")
         w.add_key_value(key, f.contents(), vtype, sub_type=sub)
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """One tensor of a rewritten GGUF: its header entry (numpy-order shape, gguf-py
+    ``GGMLQuantizationType``) and its bytes (a :class:`FileSlice` or an encoded array)."""
+
+    name: str
+    shape: tuple[int, ...]
+    raw_dtype: object
+    data: object  # ``nbytes`` and ``tofile``, as gguf-py's ``write_tensor_data`` takes
+
+    @classmethod
+    def copied(cls, path: Path, t) -> RawTensor:
+        """Tensor ``t`` of a gguf-py reader of ``path``, copied byte for byte."""
+        return cls(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type,
+                   FileSlice(path, int(t.data_offset), int(t.n_bytes)))
+
+
+@dataclass(frozen=True)
+class ReservedKey:
+    """A last string key whose value depends on where the tensors land (``layout``'s manifest):
+    ``width`` characters are reserved, then ``fill`` (the tensors' absolute data offsets, in
+    order) gives the value, written space-padded into the reservation."""
+
+    key: str
+    width: int
+    fill: Callable[[list[int]], str]
+
+
+def rewrite_gguf(reader, out: Path, tensors: list[RawTensor], metadata: dict[str, object], *,
+                 skip: Callable[[str], bool] = lambda key: False, reserved: ReservedKey | None = None,
+                 check: Callable[[Path], None] | None = None) -> None:
+    """A GGUF read by ``reader`` (gguf-py) rewritten atomically to ``out``: its key/values but
+    the ones ``skip`` names, then ``metadata``, then ``reserved``; ``tensors`` in the given
+    order. ``check`` runs on the finished temp file before it is renamed (raising keeps nothing).
+    The converters that take a GGUF in and change only some of it (``layout``, ``sparsify``)."""
+    import gguf
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), reader.fields["general.architecture"].contents())
+        copy_fields(w, reader, skip=skip)
+        add_metadata(w, metadata)
+        if reserved is not None:
+            w.add_string(reserved.key, " " * reserved.width)  # last key: its bytes end where tensor infos begin
+        for t in tensors:
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), int(t.data.nbytes),  # type: ignore[attr-defined]
+                              raw_dtype=t.raw_dtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        kv_end = os.path.getsize(tmp)
+        w.write_ti_data_to_file()
+        if reserved is not None:
+            offsets, pos = [], w.ggml_pad(os.path.getsize(tmp), w.data_alignment)
+            for t in tensors:
+                offsets.append(pos)
+                pos += w.ggml_pad(int(t.data.nbytes), w.data_alignment)  # type: ignore[attr-defined]
+            text = reserved.fill(offsets)
+            assert len(text) <= reserved.width, (len(text), reserved.width)
+            with open(tmp, "r+b") as fh:
+                fh.seek(kv_end - reserved.width)
+                fh.write(text.ljust(reserved.width).encode("ascii"))
+        for t in tensors:
+            w.write_tensor_data(t.data)  # type: ignore[arg-type]
+        w.close()
+        if check is not None:
+            check(tmp)

@@ -53,7 +53,7 @@ def test_declared_perplexity_change_is_reproduced_by_measurement():
 
 
 def test_r3_passes_on_the_fixtures_aliased_gguf(tmp_path):
-    from convert.alias_gguf import export_alias_gguf
+    from convert.alias.export import export_alias_gguf
 
     out = export_alias_gguf(FIXTURE, tmp_path / "alias.gguf", outtype="f32").output
     r = r3_aliasing.check(resolve_model(str(out)), ctx())

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from aios.models import alias_format as af
 from aios.models import resolve_model
 from aios.models.aliases import FIXTURES_DIR
-from convert import alias as A
+from convert.alias import posthoc as A
 from convert.cli import main
 
 
@@ -262,7 +262,7 @@ def test_budget_keeps_only_types_within_the_measured_perplexity_budget(tmp_path)
 
 @pytest.mark.slow  # 25-60 s on the shared box (perplexity evaluations)
 def test_short_trained_run_keeps_deltas_inside_the_projection_radius(tmp_path):
-    from convert.alias_train import AliasTrainConfig, train_alias
+    from convert.alias.train import AliasTrainConfig, train_alias
 
     cfg = AliasTrainConfig(zones="1-4", delta="lowrank:2", types=("dense",), steps=4, batch=2, seq_len=16, warmup=1)
     res = train_alias("tiny-falcon", tmp_path / "t", cfg)
@@ -281,7 +281,7 @@ def test_short_trained_run_keeps_deltas_inside_the_projection_radius(tmp_path):
 
 
 def test_same_input_gives_byte_identical_outputs(tmp_path):
-    from convert.alias_gguf import export_alias_gguf
+    from convert.alias.export import export_alias_gguf
 
     outs = [build_alias_folder(FIXTURES_DIR / "tiny-falcon", tmp_path / f"run{k}" / "out", delta="lowrank:4",
                                types=("dense",)) for k in (1, 2)]  # same name: the GGUF records it
@@ -307,7 +307,7 @@ def test_cli_exports_an_already_aliased_folder_without_o(tmp_path):
 def test_render_names_a_neuron_major_gguf(tmp_path, capsys):
     """``alias -o OUT --gguf F --sparse-down``: the line for F says its down projections are
     neuron-major (the export-only path's line says so too)."""
-    from convert.alias_cli import render_alias
+    from convert.alias.cli import render_alias
 
     rep = {"mode": "post-hoc", "groups": [], "source_heldout_perplexity": 10.0, "heldout_perplexity": 10.5,
            "perplexity_delta": 0.5,
@@ -321,7 +321,7 @@ def test_render_names_a_neuron_major_gguf(tmp_path, capsys):
 
 def test_render_prints_warnings_on_stderr(tmp_path, capsys):
     """The quality warning and the no-groups warning were printed on stdout with the result."""
-    from convert.alias_cli import render_alias
+    from convert.alias.cli import render_alias
 
     rep = {"mode": "post-hoc", "groups": [], "source_heldout_perplexity": 10.0, "heldout_perplexity": 50.0,
            "perplexity_delta": 40.0,

@@ -14,7 +14,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from convert.alias_train import AliasTrainConfig, train_alias
+from convert.alias.train import AliasTrainConfig, train_alias
 
 # the in-process run must sum in the same order as the one-thread launched processes
 pytestmark = pytest.mark.usefixtures("one_thread")

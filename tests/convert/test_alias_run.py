@@ -1,4 +1,4 @@
-"""``convert.alias_run``: the alias command's one library call, and the torch-free vocabularies."""
+"""``convert.alias.run``: the alias command's one library call, and the torch-free vocabularies."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from aios.errors import UsageError
 from aios.models import resolve_model
 from aios.models import alias_format as af
 from aios.models.aliases import FIXTURES_DIR
-from convert.alias_run import export_aliased, run_alias
+from convert.alias.run import export_aliased, run_alias
 
 
 @pytest.mark.parametrize("kwargs, text", [

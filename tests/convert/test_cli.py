@@ -26,7 +26,7 @@ def test_sparsity_map_refuses_a_smooth_activation(tmp_path):
 
 
 def test_help_texts_describe_options_and_defaults():
-    from convert.alias_train import AliasTrainConfig
+    from convert.alias.train import AliasTrainConfig
 
     cfg = AliasTrainConfig()
     assert ALIAS_TRAIN_DEFAULTS == {"steps": cfg.steps, "lam": cfg.lam, "lr": cfg.lr}
@@ -40,7 +40,7 @@ def test_help_texts_describe_options_and_defaults():
 
 def test_alias_warns_when_perplexity_gets_much_worse():
     """`alias --train` that made perplexity 5× worse exited 0 without a word (issue 19.9)."""
-    from convert.alias_cli import quality_warning
+    from convert.alias.cli import quality_warning
 
     assert quality_warning(48.9, 48.6) is None and quality_warning(48.9, 52.0) is None
     w = quality_warning(48.9, 250.0)

@@ -30,7 +30,7 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_alias_from_a_quantized_gguf(ggufs, tmp_path):
-    from convert import alias as A
+    from convert.alias import posthoc as A
 
     res = A.alias(str(ggufs[0]), tmp_path / "aliased",
                   A.AliasConfig(zones="all", delta="lowrank:8", min_cosine=0.0, require_bytes_saved=False))

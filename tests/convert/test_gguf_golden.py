@@ -34,7 +34,7 @@ def _sha(path: Path) -> str:
 
 def _export(key: str, out: Path) -> Path:
     from aios.models.aliases import FIXTURES_DIR
-    from convert.alias_gguf import export_alias_gguf
+    from convert.alias.export import export_alias_gguf
     from convert.gguf import GGUFExportConfig, export_gguf
 
     kind, name, outtype = key.split("/")

@@ -58,9 +58,9 @@ def test_like_copies_the_source_mix_and_llama_cpp_loads_it(q4_k_m, tmp_path):
     from runtime.model import Model
 
     ids = list(range(5, 40))
-    ref = Model(q4.with_name("m.f16.gguf")).forward(ids, all_logits=True)
-    ours_err = np.sqrt(np.mean((Model(out).forward(ids, all_logits=True) - ref) ** 2))
-    theirs_err = np.sqrt(np.mean((Model(q4).forward(ids, all_logits=True) - ref) ** 2))
+    ref = Model(q4.with_name("m.f16.gguf"), arithmetic="float").forward(ids, all_logits=True)
+    ours_err = np.sqrt(np.mean((Model(out, arithmetic="float").forward(ids, all_logits=True) - ref) ** 2))
+    theirs_err = np.sqrt(np.mean((Model(q4, arithmetic="float").forward(ids, all_logits=True) - ref) ** 2))
     assert ours_err < 1.5 * theirs_err, (ours_err, theirs_err)
 
 
@@ -129,14 +129,14 @@ def test_alias_exports_in_the_source_mix(q4_k_m, tmp_path):
         assert ours[n] == theirs[n.replace(".canonical", ".weight")], n
     factors = [n for n in ours if ".delta.lr_" in n]  # low-rank deltas (the default): --outtype's F32
     assert factors and all(ours[n] == "F32" for n in factors)
-    from convert.alias_gguf import export_alias_gguf
+    from convert.alias.export import export_alias_gguf
 
     export_alias_gguf(tmp_path / "al", tmp_path / "al32.gguf")  # the same aliased model in F32
     ids = list(range(5, 40))
-    ref = Model(tmp_path / "al32.gguf").forward(ids, all_logits=True)
-    got = Model(tmp_path / "al.gguf").forward(ids, all_logits=True)
-    f16 = Model(q4.with_name("m.f16.gguf")).forward(ids, all_logits=True)
-    quantized = np.corrcoef(Model(q4).forward(ids, all_logits=True).ravel(), f16.ravel())[0, 1]
+    ref = Model(tmp_path / "al32.gguf", arithmetic="float").forward(ids, all_logits=True)
+    got = Model(tmp_path / "al.gguf", arithmetic="float").forward(ids, all_logits=True)
+    f16 = Model(q4.with_name("m.f16.gguf"), arithmetic="float").forward(ids, all_logits=True)
+    quantized = np.corrcoef(Model(q4, arithmetic="float").forward(ids, all_logits=True).ravel(), f16.ravel())[0, 1]
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > quantized - 0.01  # as close as llama.cpp's own Q4_K_M
     r = CliRunner().invoke(main, ["alias", str(tmp_path / "al"), "--like", str(q4)])
     assert r.exit_code == 2 and "--gguf" in r.output
@@ -163,7 +163,7 @@ def test_svd_residual_in_the_source_mix(q4_k_m, tmp_path):
     meta = gguf.GGUFReader(str(out)).get_field("aios.provenance").contents()
     assert '"like": "m.q4_k_m.gguf"' in meta
     ids = list(range(5, 40))
-    f16 = Model(q4.with_name("m.f16.gguf")).forward(ids, all_logits=True)
-    quantized = np.corrcoef(Model(q4).forward(ids, all_logits=True).ravel(), f16.ravel())[0, 1]
-    got = Model(out).forward(ids, all_logits=True)
+    f16 = Model(q4.with_name("m.f16.gguf"), arithmetic="float").forward(ids, all_logits=True)
+    quantized = np.corrcoef(Model(q4, arithmetic="float").forward(ids, all_logits=True).ravel(), f16.ravel())[0, 1]
+    got = Model(out, arithmetic="float").forward(ids, all_logits=True)
     assert np.corrcoef(got.ravel(), f16.ravel())[0, 1] > quantized - 0.01  # as close as llama.cpp's Q4_K_M

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from aios.errors import InvalidModelError, ModelNotFoundError, UnsupportedArchitectureError, UsageError
 from convert import training as tr
 from convert.cli import main
+from convert.relufication.run import partial_dir
 from convert.relufy import PROVENANCE_FILE, RelufyConfig, parse_activation, relufy
-from convert.relufy_run import partial_dir
 
 FAST = RelufyConfig(steps=6, batch=2, seq_len=16, lr=1e-3, l1=0.5)
 CAL = 24  # calibration prompts for the sparsity numbers in these tests (the CLI uses all 241)

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from convert.relufy import PROVENANCE_FILE, RelufyConfig, relufy
-from convert.relufy_run import partial_dir
+from convert.relufication.run import partial_dir
 
 STEPS, BATCH, SEQ, L1 = 8, 4, 16, 0.5
 # the in-process run must sum in the same order as the one-thread launched processes

@@ -36,8 +36,8 @@ def test_relufied_family_is_sparse_and_exact(tmp_path, kind):
     out = tmp_path / "relu.gguf"
     export_gguf(str(tmp_path / "relu"), out, GGUFExportConfig("f32"))
     ids = list(range(5, 30))
-    dense, td = generate(Model(out), ids, 12)
-    sparse, ts = generate(Model(out, mode="sparse"), ids, 12)
+    dense, td = generate(Model(out, arithmetic="float"), ids, 12)
+    sparse, ts = generate(Model(out, mode="sparse", arithmetic="float"), ids, 12)
     assert sparse == dense
     assert ts.decode_bytes["weights"] < 0.9 * td.decode_bytes["weights"]  # skipped rows were not read
     # R5 layout of the family's file (its own tensor set: fused QKV / gate_up, QK and post norms):
@@ -46,4 +46,4 @@ def test_relufied_family_is_sparse_and_exact(tmp_path, kind):
                        calibration_texts=load_texts(limit=8))
     r5 = r5_layout.check(resolve_model(str(laid.output)), CheckContext(calibration_texts=load_texts(limit=1)))
     assert r5.status == Status.passed, r5.summary
-    assert generate(Model(laid.output, mode="sparse"), ids, 12)[0] == dense
+    assert generate(Model(laid.output, mode="sparse", arithmetic="float"), ids, 12)[0] == dense

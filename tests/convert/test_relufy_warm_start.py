@@ -131,7 +131,7 @@ def test_gguf_export_carries_the_cut_and_aios_run_matches_our_torch_model(warm, 
     assert _file_values(res.output) == pytest.approx(
         json.loads((warm.out / "config.json").read_text())[ffn_cut.CONFIG_KEY]["values"])
     ids = list(range(3, 30))
-    model = Model(res.output, mode="dense")
+    model = Model(res.output, mode="dense", arithmetic="float")
     assert model.thresholds is not None and model.thresholds.site == "down_in"
     got = model.forward(ids, all_logits=True)
     torch_model = resolve_model(str(warm.out)).load_torch(dtype="float32")

@@ -66,12 +66,12 @@ def test_runtime_applies_the_thresholds_and_sparse_mode_equals_dense(ggufs, llam
     from runtime.model import Model
 
     ids = list(range(5, 29))
-    plain = Model(ggufs[("tiny-llama", "f32")]).forward(ids, all_logits=True)
-    dense = Model(llama50.output, mode="dense")
+    plain = Model(ggufs[("tiny-llama", "f32")], arithmetic="float").forward(ids, all_logits=True)
+    dense = Model(llama50.output, mode="dense", arithmetic="float")
     d = dense.forward(ids, all_logits=True)
     assert dense.thresholds is not None
     assert not np.allclose(plain, d, atol=1e-4)  # the thresholds change the model
-    sparse = Model(llama50.output, mode="sparse")
+    sparse = Model(llama50.output, mode="sparse", arithmetic="float")
     s = sparse.forward(ids, all_logits=True)
     np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
     # and a decode step reads fewer weight bytes: the down rows of the cut neurons
@@ -93,7 +93,7 @@ def test_gate_site_cuts_per_neuron_and_skips_up_rows_too(ggufs, tmp_path):
     assert r.get_field("aios.ffn_threshold.site").contents() == "gate" and res.per_neuron
     assert len(r.get_field("aios.ffn_threshold.values").contents()) == 6 * 352  # one per neuron
     ids = list(range(5, 29))
-    dense, sparse = Model(out, mode="dense"), Model(out, mode="sparse")
+    dense, sparse = Model(out, mode="dense", arithmetic="float"), Model(out, mode="sparse", arithmetic="float")
     d, s = dense.forward(ids, all_logits=True), sparse.forward(ids, all_logits=True)
     np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
     for m in (dense, sparse):
@@ -108,8 +108,8 @@ def test_decode_steps_apply_the_thresholds_too(llama50):
     from runtime.model import Model
 
     ids = list(range(5, 17))
-    whole = Model(llama50.output).forward(ids, all_logits=True)[-1]
-    m = Model(llama50.output)
+    whole = Model(llama50.output, arithmetic="float").forward(ids, all_logits=True)[-1]
+    m = Model(llama50.output, arithmetic="float")
     for t in ids:
         last = m.forward([t])[-1]
     np.testing.assert_allclose(last, whole, rtol=0, atol=1e-4 * np.abs(whole).max())
@@ -127,8 +127,8 @@ def test_quantized_source_with_sparse_down(ggufs, tmp_path):
         {k: v for k, v in src_t.items() if ".ffn_down." not in k}
     assert out_t["blk.0.ffn_down.t"][0] == gguf.GGMLQuantizationType.Q8_0
     ids = list(range(3, 19))
-    d = Model(out, mode="dense").forward(ids, all_logits=True)
-    s = Model(out, mode="sparse").forward(ids, all_logits=True)
+    d = Model(out, mode="dense", arithmetic="float").forward(ids, all_logits=True)
+    s = Model(out, mode="sparse", arithmetic="float").forward(ids, all_logits=True)
     np.testing.assert_allclose(s, d, rtol=0, atol=2e-5 * np.abs(d).max())
     assert res.heldout["mean_exact_zero_fraction"] > 0.4
 
@@ -205,27 +205,15 @@ def test_an_interrupted_write_leaves_nothing(ggufs, tmp_path, monkeypatch):
 
 
 def test_a_file_with_unusable_thresholds_is_refused(llama50, tmp_path):
-    from convert.gguf import atomic_output
-    from convert.gguf.writer import FileSlice, copy_fields
+    from convert.gguf import RawTensor, rewrite_gguf
     from runtime.model import Model
 
     r = gguf.GGUFReader(str(llama50.output))
     out = tmp_path / "lying.gguf"
-    with atomic_output(out) as tmp:
-        w = gguf.GGUFWriter(str(tmp), r.fields["general.architecture"].contents())
-        copy_fields(w, r, skip=lambda k: k == "aios.ffn_threshold.values")
-        w.add_array("aios.ffn_threshold.values", [0.1, 0.2])
-        for t in r.tensors:
-            w.add_tensor_info(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), np.dtype(np.float32),
-                              int(t.n_bytes), raw_dtype=t.tensor_type)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for t in r.tensors:
-            w.write_tensor_data(FileSlice(llama50.output, int(t.data_offset), int(t.n_bytes)))
-        w.close()
+    rewrite_gguf(r, out, [RawTensor.copied(llama50.output, t) for t in r.tensors],
+                 {"aios.ffn_threshold.values": [0.1, 0.2]}, skip=lambda k: k == "aios.ffn_threshold.values")
     with pytest.raises(InvalidModelError, match="aios.ffn_threshold.values"):
-        Model(out)
+        Model(out, arithmetic="float")
 
 
 def test_cli_json(ggufs, tmp_path):

@@ -13,11 +13,16 @@ from click.testing import CliRunner
 from aios.data import load_texts
 from aios.errors import UsageError
 from aios.models.aliases import FIXTURES_DIR
-from convert import sparsity_search as ss
 from convert.cli import main
 from convert.gguf.sparsity import check_masks
-from convert.sparsity_map import (SparsityMapConfig, load_sparsity_map, sparsity_map,
-                                  sparsity_map_header, write_sparsity_map)
+from convert.sparsity_map import (
+    SparsityMapConfig,
+    load_sparsity_map,
+    sparsity_map,
+    sparsity_map_header,
+    write_sparsity_map,
+)
+from convert.sparsity_map import search as ss
 
 RELU_FALCON = FIXTURES_DIR / "tiny-falcon-relu"  # aios-convert relufy tiny-falcon, defaults
 

@@ -163,7 +163,7 @@ def test_render_prints_fallbacks_and_warnings_on_stderr(falcon_lr, capsys):
     """svd-residual's fallback and warning lines were printed on stdout with the result table."""
     from dataclasses import replace
 
-    from convert.svd_residual_cli import render
+    from convert.lowrank.cli import render
 
     result, _ = falcon_lr
     rows = [replace(result.rows[0], notes=["120 values do not tile Q4_K -> F16"]), *result.rows[1:]]

@@ -30,8 +30,8 @@ def test_factorized_file_runs_like_the_plain_export(tmp_path, kind):
     svd_residual(str(src), lr, SvdResidualConfig(rank=4, method="plain", residual="f16", factor_type="f32",
                                                  outtype="f32"))
     ids = list(range(5, 30))
-    a = Model(plain).forward(ids, all_logits=True)
-    m = Model(lr)
+    a = Model(plain, arithmetic="float").forward(ids, all_logits=True)
+    m = Model(lr, arithmetic="float")
     assert "blk.0.ffn_down.lr_u" in {t.name for t in m.reader.tensors}
     b = m.forward(ids, all_logits=True)
     assert np.abs(a - b).max() <= 1e-2 * max(1.0, np.abs(a).max())

@@ -88,7 +88,7 @@ def run_everything_on(path: Path) -> None:
     except AiosError:
         pass
     try:
-        m = Model(path, n_ctx=8)
+        m = Model(path, n_ctx=8, arithmetic="float")
         m.forward([1, 2])
     except AiosError:
         pass

@@ -87,7 +87,7 @@ def bench_result() -> dict:
 
 @pytest.fixture(scope="session")
 def relufy_provenance() -> dict:
-    """Shaped like the ``aios_relufy.json`` that convert/relufy_run.py writes (numbers made up)."""
+    """Shaped like the ``aios_relufy.json`` that convert/relufication/run.py writes (numbers made up)."""
     def m(zero, ppl):
         return {"heldout_perplexity": ppl, "mean_exact_zero_fraction": zero,
                 "per_layer_exact_zero_fraction": [zero] * 6}

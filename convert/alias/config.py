@@ -1,6 +1,6 @@
 """The option vocabularies of aliasing (post-hoc and trained), importable without torch.
 
-Bottom of the alias family: ``convert/alias.py``, ``convert/alias_train.py`` and
+Bottom of the alias family: ``convert/alias/posthoc.py``, ``convert/alias/train.py`` and
 ``aios-convert alias`` (its ``click.Choice`` lists) all read these, and this module imports
 nothing, so building the command's options never loads torch.
 """

@@ -1,6 +1,6 @@
 """Sparsity-map math: neuron ranking, masks, the skip-count search, false negatives.
 
-Pure numpy; the model runs happen in ``convert/sparsity_map.py``, which hands in a
+Pure numpy; the model runs happen in ``convert/sparsity_map/run.py``, which hands in a
 ``measure(k) -> relative perplexity change`` callable.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from aios.cli_common import make_console, warn
-from convert.alias import AliasResult, short_name
+from convert.alias.posthoc import AliasResult, short_name
 from convert.gguf import ExportResult
 
 

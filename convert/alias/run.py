@@ -1,7 +1,7 @@
 """``aios-convert alias`` as one library call: export an aliased folder, alias post-hoc, or train.
 
-Layering: above ``convert/alias.py`` (post-hoc), ``convert/alias_train.py`` (trained) and
-``convert/alias_gguf.py`` (GGUF exports), which it imports lazily (they load torch); none of
+Layering: above ``convert/alias/posthoc.py`` (post-hoc), ``convert/alias/train.py`` (trained) and
+``convert/alias/export.py`` (GGUF exports), which it imports lazily (they load torch); none of
 them imports this module. Which options each mode accepts is decided here, so the command and
 library callers refuse the same combinations with the same sentences.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from aios.errors import UsageError
 
 if TYPE_CHECKING:
-    from convert.alias import AliasResult
+    from convert.alias.posthoc import AliasResult
     from convert.gguf import ExportResult
 
 ExportedFn = Callable[["ExportResult", bool], None]  # (written file, de-aliased?)
@@ -35,7 +35,7 @@ def export_aliased(model: str, *, gguf: str | Path | None, dealias: str | Path |
 
     ``exported`` hears of each file as soon as it is written, before the next one starts.
     """
-    from convert.alias_gguf import export_alias_gguf
+    from convert.alias.export import export_alias_gguf
 
     if not (gguf or dealias):
         raise UsageError("Pass -o OUT to alias MODEL, or --gguf/--dealias to export an already "
@@ -70,7 +70,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
     refused). Otherwise post-hoc aliasing (``zones`` default ``core``; the training options
     are refused). ``None`` for a training option keeps its :class:`AliasTrainConfig` default.
     A distributed ``train`` run returns None on every process but rank 0. ``sparse_down``: the
-    ``gguf`` output stores its FFN down projections neuron-major (``convert.alias_gguf``).
+    ``gguf`` output stores its FFN down projections neuron-major (``convert.alias.export``).
     ``like``: a GGUF (e.g. the quantized file ``model`` came from) whose per-tensor types the
     ``gguf``/``dealias`` outputs take instead of ``outtype``.
     """
@@ -87,7 +87,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
     _check_sparse_down(sparse_down, gguf)
     if sparse_down or like is not None:  # alias without those GGUFs, then export them from the written folder
         from aios.models import ModelHandle, resolve_model
-        from convert.alias_gguf import check_sparse_down_layout
+        from convert.alias.export import check_sparse_down_layout
 
         if sparse_down:  # refused before minutes of aliasing, not after them
             check_sparse_down_layout(model if isinstance(model, ModelHandle) else resolve_model(str(model)))
@@ -98,11 +98,11 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
                            micro_batch=micro_batch, device=device, checkpoint_every=checkpoint_every,
                            resume=resume)
         if result is not None and not result.report.get("groups"):
-            from convert.alias import no_groups_note
+            from convert.alias.posthoc import no_groups_note
 
             result.warnings.append(no_groups_note(result.output))
         elif result is not None:  # rank 0 (or a single process)
-            from convert.alias_gguf import export_alias_gguf
+            from convert.alias.export import export_alias_gguf
 
             if gguf:
                 result.gguf = export_alias_gguf(result.output, gguf, outtype=outtype, sparse_down=sparse_down,
@@ -113,7 +113,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
                                                           like=like).output
         return result
     if train:
-        from convert.alias_train import AliasTrainConfig, train_alias
+        from convert.alias.train import AliasTrainConfig, train_alias
 
         if min_cosine is not None or budget_ppl is not None or canonical != "mean":
             raise UsageError("--min-cosine, --budget-ppl and --canonical apply to post-hoc "
@@ -124,7 +124,7 @@ def run_alias(model: str, out: str | Path | None, *, zones: str | None = None,
         return train_alias(model, out, cfg, outtype=outtype, gguf=gguf, dealias=dealias,
                            progress=progress, train_data=train_data, micro_batch=micro_batch,
                            device=device, checkpoint_every=checkpoint_every or 0, resume=resume)
-    from convert.alias import AliasConfig, alias
+    from convert.alias.posthoc import AliasConfig, alias
 
     if steps is not None or lam is not None or lr is not None or delta_norm is not None or \
             train_data is not None or micro_batch is not None or device is not None or \

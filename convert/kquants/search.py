@@ -1,19 +1,8 @@
-"""K-quant encoders: float32 rows -> ggml's Q2_K, Q3_K, Q4_K, Q5_K and Q6_K block bytes.
+"""The K-quant encoders' search (numba): float32 super-blocks -> the integer fields of ggml's
+K-quant blocks (fp16 super-scales, sub-block scale/min codes, levels), which ``pack`` lays out.
 
-gguf-py decodes the K-quants but cannot encode them, and llama.cpp's encoder is C behind a
-model-file API; these are our own encoders. The bytes follow ggml's ``block_q*_K`` layouts
-(super-blocks of 256 values), so ``gguf.quants.dequantize`` and llama.cpp read them back.
-
-Formats (value = what a decoder computes; d, dmin are fp16 per super-block):
-
-    q2_k  16 × 16 values, q ∈ 0..3,   4-bit scale s and min m:  d·s·q − dmin·m     84 B
-    q3_k  16 × 16 values, q ∈ −4..3,  6-bit signed scale s:     d·s·q             110 B
-    q4_k   8 × 32 values, q ∈ 0..15,  6-bit scale s and min m:  d·s·q − dmin·m    144 B
-    q5_k   8 × 32 values, q ∈ 0..31,  6-bit scale s and min m:  d·s·q − dmin·m    176 B
-    q6_k  16 × 16 values, q ∈ −32..31, 8-bit signed scale s:    d·s·q             210 B
-
-Search (what makes the error competitive, in the spirit of ggml's make_qkx/make_qx but
-minimizing plain — or importance-weighted — squared error rather than a heuristic weight):
+In the spirit of ggml's make_qkx/make_qx but minimizing plain — or importance-weighted —
+squared error rather than a heuristic weight:
 
 1. per sub-block, a sweep of candidate step sizes around max−min / nmax, each followed by a
    weighted least-squares fit of (scale, offset) to the rounded levels, then Lloyd steps
@@ -23,113 +12,30 @@ minimizing plain — or importance-weighted — squared error rather than a heur
    integer codes given (d, dmin), refit (d, dmin) by least squares given the codes, re-round
    the levels — each move kept only when the super-block's error drops.
 
-``imatrix`` (per-column importances, e.g. calibration mean squares of the layer's input)
-weights the squared error, so columns that see large activations are reproduced better.
-
-Out of range: non-finite input is refused; magnitudes beyond what fp16 super-scales can
-express saturate (d = 65504) instead of producing inf; values far below fp16's smallest
-subnormal (6e-8 per level step) decode to zero, as in ggml.
-
-The numba search is hand-written because no maintained library fits ggml's two-level
-scale structure; bit packing is vectorized numpy.
+Magnitudes beyond what fp16 super-scales can express saturate (d = 65504) instead of producing
+inf; values far below fp16's smallest subnormal (6e-8 per level step) decode to zero, as in ggml.
+Hand-written because no maintained library fits ggml's two-level scale structure.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
 
-from aios import quant
-from aios.errors import UsageError
 from aios.quant import QK_K
 
-TYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
-BLOCK_BYTES = {t: quant.type_size(t) for t in TYPES}  # bytes per super-block (gguf-py's table)
 F16_MAX = 65504.0
 F16_TINY = 2.0**-24  # smallest fp16 subnormal
 SYM_STEP = 0.2  # symmetric sweep: the largest value mapped to its end level ± 0..1 in these steps
 DESCENT_STEPS = 12  # super-block coordinate-descent rounds (most stop after 2-4)
 
 # affine types: (sub-block length, level max, scale-code max, sweep start, step, steps)
-_AFFINE = {"q2_k": (16, 3, 15, -0.5, 0.1, 20), "q4_k": (32, 15, 63, -1.0, 0.1, 20),
+AFFINE = {"q2_k": (16, 3, 15, -0.5, 0.1, 20), "q4_k": (32, 15, 63, -1.0, 0.1, 20),
            "q5_k": (32, 31, 63, -1.0, 0.1, 20)}
 # symmetric types: (sub-block length, level min, level max, scale-code min, scale-code max)
-_SYMMETRIC = {"q3_k": (16, -4, 3, -32, 31), "q6_k": (16, -32, 31, -128, 127)}
-
-
-def row_bytes(n_cols: int, type_name: str) -> int:
-    """Bytes one row of ``n_cols`` values takes in ``type_name``."""
-    return n_cols // QK_K * BLOCK_BYTES[type_name]
-
-
-def quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None = None) -> np.ndarray:
-    """Encode float32 rows ``x`` (n_rows, n_cols) -> uint8 (n_rows, row_bytes) in ggml's layout.
-
-    ``n_cols`` must be a multiple of 256. ``imatrix`` (n_cols,), optional, non-negative:
-    per-column weights of the squared error. Deterministic: same input, same bytes.
-    """
-    t = type_name.lower()
-    if t not in TYPES:
-        raise UsageError(f"K-quant type must be one of {', '.join(TYPES)}, not '{type_name}'.")
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise UsageError(f"quantize needs a 2-D array (rows, columns), got shape {x.shape}.")
-    n_rows, n_cols = x.shape
-    if n_cols % QK_K or n_cols == 0:
-        raise UsageError(f"{quant.qtype(t).name} needs rows whose length is a multiple of {QK_K}; "
-                         f"got {n_cols}.")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if not np.isfinite(x).all():
-        raise UsageError("The tensor to quantize contains NaN or infinite values.")
-    wb = _weights(imatrix, n_cols).reshape(-1, QK_K)  # (n_cols/256, 256): one per column block
-    if t in _AFFINE:
-        fields = _threaded(_encode_affine, x, wb, _AFFINE[t])  # d, dmin, scale codes, min codes, levels
-    else:
-        fields = _threaded(_encode_symmetric, x, wb, _SYMMETRIC[t])  # d, scale codes, levels
-    blocks = _PACK[t](*fields)
-    assert blocks.shape == (n_rows * n_cols // QK_K, BLOCK_BYTES[t]), blocks.shape
-    return blocks.reshape(n_rows, row_bytes(n_cols, t))
-
-
-def dequantize(q: np.ndarray, type_name: str) -> np.ndarray:
-    """uint8 (n_rows, row_bytes) -> float32 (n_rows, n_cols), by gguf-py's decoder."""
-    from gguf.quants import dequantize as gguf_dequantize
-
-    return gguf_dequantize(q, quant.qtype(type_name))
-
-
-def _threaded(fn, x: np.ndarray, wb: np.ndarray, params: tuple) -> list[np.ndarray]:
-    """Run the numba encoder over row chunks on all cores (it releases the GIL); same bytes
-    whatever the thread count, since every super-block is encoded independently."""
-    n_rows = x.shape[0]
-    n_threads = max(1, min(os.cpu_count() or 1, n_rows, x.size // (64 * QK_K) or 1))
-    bounds = np.linspace(0, n_rows, n_threads + 1).astype(int)
-
-    def run(i: int):
-        return fn(x[bounds[i]:bounds[i + 1]].reshape(-1, QK_K), wb, *params)
-
-    if n_threads == 1:
-        return list(run(0))
-    with ThreadPoolExecutor(n_threads) as ex:
-        parts = list(ex.map(run, range(n_threads)))
-    return [np.concatenate(f) for f in zip(*parts)]
-
-
-def _weights(imatrix: np.ndarray | None, n_cols: int) -> np.ndarray:
-    if imatrix is None:
-        return np.ones(n_cols, np.float32)
-    w = np.asarray(imatrix, dtype=np.float64).reshape(-1)
-    if w.shape[0] != n_cols or not np.isfinite(w).all() or (w < 0).any() or not w.any():
-        raise UsageError(f"imatrix must hold {n_cols} finite, non-negative importances, not all zero.")
-    w = w / w.mean()
-    return np.maximum(w, 1e-6).astype(np.float32)  # a never-seen column still gets a tiny say
-
-
-# --- numba search --------------------------------------------------------------------------
+SYMMETRIC = {"q3_k": (16, -4, 3, -32, 31), "q6_k": (16, -32, 31, -128, 127)}
 
 
 @njit(cache=True)
@@ -275,7 +181,7 @@ def _refit_scales(x, w, L, ls, lm, d, dmin, sub):
 
 
 @njit(cache=True, nogil=True)
-def _encode_affine(X, W, sub, nmax, smax, r0, dr, steps):
+def encode_affine(X, W, sub, nmax, smax, r0, dr, steps):
     nb = X.shape[0]
     nsub = QK_K // sub
     D = np.zeros(nb, np.float32)
@@ -399,7 +305,7 @@ def _symmetric_err(x, w, sub, qlo, qhi, d, c, L):
 
 
 @njit(cache=True, nogil=True)
-def _encode_symmetric(X, W, sub, qlo, qhi, slo, shi):
+def encode_symmetric(X, W, sub, qlo, qhi, slo, shi):
     nb = X.shape[0]
     nsub = QK_K // sub
     D = np.zeros(nb, np.float32)
@@ -473,86 +379,3 @@ def _encode_symmetric(X, W, sub, qlo, qhi, slo, shi):
         for i in range(QK_K):
             LL[b, i] = np.int8(L[i])
     return D, SC, LL
-
-
-# --- ggml block layouts (vectorized numpy) --------------------------------------------------
-
-
-def _f16_bytes(v: np.ndarray) -> np.ndarray:
-    return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
-
-
-def _pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
-    """Eight 6-bit scales and mins -> ggml's 12-byte ``scales`` of Q4_K/Q5_K."""
-    out = np.empty((ls.shape[0], 12), np.uint8)
-    out[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
-    out[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
-    out[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
-    return out
-
-
-def _nibbles_k4(L: np.ndarray) -> np.ndarray:
-    """Levels (nb, 256) -> 128 bytes: per 64 values, value l in the low and l+32 in the high nibble."""
-    q = (L & 0xF).reshape(-1, 4, 2, 32)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
-
-
-def _crumbs(u: np.ndarray) -> np.ndarray:
-    """2-bit values (nb, 256) -> 64 bytes: per 128 values, four 32-value groups at shifts 0,2,4,6."""
-    q = (u & 3).reshape(-1, 2, 4, 32)
-    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
-
-
-def _bitplane(bits: np.ndarray) -> np.ndarray:
-    """One bit per value (nb, 256) -> 32 bytes: bit g of byte l is value 32·g + l."""
-    b = bits.reshape(-1, 8, 32).astype(np.uint8)
-    return np.bitwise_or.reduce(b << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
-
-
-def _pack_q4_k(d, dmin, ls, lm, L) -> np.ndarray:
-    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_scales_k4(ls, lm), _nibbles_k4(L)], axis=1)
-
-
-def _pack_q5_k(d, dmin, ls, lm, L) -> np.ndarray:
-    qh = _bitplane(L >> 4)
-    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_scales_k4(ls, lm), qh, _nibbles_k4(L)], axis=1)
-
-
-def _pack_q2_k(d, dmin, ls, lm, L) -> np.ndarray:
-    return np.concatenate([ls | (lm << 4), _crumbs(L), _f16_bytes(d), _f16_bytes(dmin)], axis=1)
-
-
-def _pack_q6_k(d, sc, L) -> np.ndarray:
-    u = (L.astype(np.int16) + 32).astype(np.uint8)  # 0..63
-    lo = (u & 0xF).reshape(-1, 2, 2, 64)  # value 128h + 64s + p -> ql[64h + p], nibble s
-    ql = (lo[:, :, 0] | (lo[:, :, 1] << 4)).reshape(-1, 128)
-    hi = (u >> 4).reshape(-1, 2, 4, 32)  # value 128h + 32g + l -> qh[32h + l], bits 2g
-    qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(-1, 64)
-    return np.concatenate([ql, qh, sc.view(np.uint8), _f16_bytes(d)], axis=1)
-
-
-def _pack_q3_k(d, sc, L) -> np.ndarray:
-    u = (L.astype(np.int16) + 4).astype(np.uint8)  # 0..7: high bit in hmask, low 2 bits in qs
-    s = (sc.astype(np.int16) + 32).astype(np.uint8)  # 0..63
-    scales = np.empty((s.shape[0], 12), np.uint8)
-    scales[:, 0:8] = (s[:, 0:8] & 0xF) | ((s[:, 8:16] & 0xF) << 4)
-    hi = (s >> 4) & 3
-    scales[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
-    return np.concatenate([_bitplane(u >> 2), _crumbs(u), scales, _f16_bytes(d)], axis=1)
-
-
-_PACK = {"q2_k": _pack_q2_k, "q3_k": _pack_q3_k, "q4_k": _pack_q4_k, "q5_k": _pack_q5_k, "q6_k": _pack_q6_k}
-
-
-# --- llama.cpp's own encoder, for parity tests and the benchmark ---------------------------
-
-
-def llama_cpp_quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None = None) -> np.ndarray:
-    """The same rows encoded by llama.cpp's ``ggml_quantize_chunk`` (the library bundled
-    with llama-cpp-python), in the same (n_rows, row_bytes) layout as :func:`quantize`. Runs in
-    a child process (``aios.reference.llamacpp``), like every use of llama.cpp as a reference."""
-    from aios.reference import llamacpp
-
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return llamacpp.quantize_rows(x, type_name, int(quant.qtype(type_name)),
-                                  row_bytes(x.shape[1], quant.outtype_name(type_name)), imatrix).value

@@ -35,11 +35,11 @@ from aios.errors import UsageError
 from aios.evaluation import pydoc_split
 from aios.models import ModelHandle, resolve_model
 from aios.models.from_gguf import hf_source
-from convert import alias as A
 from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
-from convert.alias_config import DELTA_NORMS
+from convert.alias import posthoc as A
+from convert.alias.config import DELTA_NORMS
 from convert.train_data import Prefetcher, RandomWindows, StreamedWindows
 
 

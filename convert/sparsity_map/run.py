@@ -1,7 +1,7 @@
 """The sparsity-map run: measure frequencies, search the skip count, measure the result.
 
-Orchestration only (read ``convert/sparsity_map.py`` for the method and file format; the
-search itself is ``convert/sparsity_search.py``).
+Orchestration only (read ``convert/sparsity_map/__init__.py`` for the method and file format;
+the search itself is ``convert/sparsity_map/search.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from aios.measure.ffn import measure_ffn_activity
 from aios.models import ModelHandle, resolve_model
 from aios.models.from_gguf import hf_source
 from convert import evaluation as ev
-from convert import sparsity_search as ss
-from convert.relufy_run import source_sha256
+from convert.relufication.run import source_sha256
+from convert.sparsity_map import search as ss
 
 
 class NeuronMask:

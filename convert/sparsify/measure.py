@@ -1,6 +1,6 @@
-"""Measurements ``aios-convert sparsify`` takes on the running model (convert/sparsify.py's steps
-1-3): FFN inputs, per-layer cut curves, perplexity and per-layer KL sensitivity, all through
-aios-run executing the GGUF as stored."""
+"""Measurements ``aios-convert sparsify`` takes on the running model (steps 1-3 of
+``convert/sparsify/__init__.py``): FFN inputs, per-layer cut curves, perplexity and per-layer
+KL sensitivity, all through aios-run executing the GGUF as stored."""
 
 from __future__ import annotations
 
@@ -55,15 +55,16 @@ def ffn_parts(model, layer: int, H: np.ndarray, site: str) -> tuple[np.ndarray, 
     from runtime.activations import activation
 
     L, hp = model.layers[layer], model.hp
-    act = model._activation()
+    ar = model.arith  # the arithmetic the file runs in (its kernels and activation)
+    act = model._activation(ar)
     if "ffn_gate.weight" in L:
-        g = activation(act, L["ffn_gate.weight"].matmul(H) + L.get("ffn_gate.bias", 0), hp.activation_threshold)
-        u = L["ffn_up.weight"].matmul(H) + L.get("ffn_up.bias", 0)
+        g = activation(act, L["ffn_gate.weight"].matmul(H, None, ar) + L.get("ffn_gate.bias", 0), hp.activation_threshold)
+        u = L["ffn_up.weight"].matmul(H, None, ar) + L.get("ffn_up.bias", 0)
         a = (g * u).astype(np.float32)
         if site == "gate":
             return np.abs(g), a, np.sqrt(np.mean(np.square(u, dtype=np.float64), axis=0))
         return np.abs(a), a, None
-    a = activation(act, L["ffn_up.weight"].matmul(H) + L.get("ffn_up.bias", 0), hp.activation_threshold)
+    a = activation(act, L["ffn_up.weight"].matmul(H, None, ar) + L.get("ffn_up.bias", 0), hp.activation_threshold)
     a = np.asarray(a, np.float32)
     return np.abs(a), a, None
 
@@ -90,11 +91,11 @@ def down_column_norms(model, layer: int) -> np.ndarray:
 def _ffn_out(model, layer: int, a: np.ndarray) -> np.ndarray:
     """What the FFN adds to the residual stream for down-projection input ``a``."""
     L = model.layers[layer]
-    y = L["ffn_down.weight"].matmul(a)
+    y = L["ffn_down.weight"].matmul(a, None, model.arith)
     if "ffn_down.bias" in L:
         y = y + L["ffn_down.bias"]
     if model.hp.graph.post_norms:  # Gemma: the branch output is normed before the residual add
-        y = model._norm(y, L["post_ffw_norm.weight"], None)
+        y = model._norm(y, L["post_ffw_norm.weight"], None, model.arith)
     return y
 
 

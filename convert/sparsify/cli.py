@@ -8,7 +8,7 @@ import time
 from rich.table import Table
 
 from aios.cli_common import err_console, make_console
-from convert.sparsify import SparsifyResult
+from convert.sparsify.config import SparsifyResult
 
 
 def sparsify_progress():

@@ -1,4 +1,5 @@
-"""Rendering and the report file of ``aios-convert svd-residual`` (the library is svd_residual.py)."""
+"""Rendering and the report file of ``aios-convert svd-residual`` (the library:
+``convert/svd_residual.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from aios.cli_common import make_console, warn
 from aios.io import write_atomic
-from convert.svd_residual import SvdResidualResult
+from convert.lowrank.write import SvdResidualResult
 
 
 def report_path(output: Path) -> Path:

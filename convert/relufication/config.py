@@ -1,7 +1,7 @@
 """What determines a relufy run: its config, the activations it accepts, its file names.
 
 Shared by ``convert/relufy.py`` (the entry point users import; it re-exports these names) and
-``convert/relufy_run.py`` (the run itself), so neither has to import the other's module to
+``convert/relufication/run.py`` (the run itself), so neither has to import the other's module to
 know them.
 """
 

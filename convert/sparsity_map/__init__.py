@@ -5,7 +5,7 @@ Method
 1. Per-layer, per-neuron firing frequencies (share of tokens on which the neuron's
    activation — the input of the FFN output projection — is nonzero) are measured on the
    calibration texts by the R1 checker's code (``aios.measure.ffn``).
-2. Neurons are ranked globally, least frequent first (``convert/sparsity_search.py``).
+2. Neurons are ranked globally, least frequent first (``convert/sparsity_map/search.py``).
 3. The number of skipped neurons is found by binary search against *measured* held-out
    perplexity with the mask applied (a forward pre-hook on each FFN output projection that
    zeroes the skipped neurons' activations — exactly what a runtime that skips their
@@ -93,7 +93,7 @@ def sparsity_map(model: str, out: str | Path, config: SparsityMapConfig | None =
                  calibration: str | Path | None = None,
                  progress: Callable[[str], None] = lambda _m: None) -> SparsityMapResult:
     """Build and write a sparsity map; library entry point of ``aios-convert sparsity-map``."""
-    from convert.sparsity_map_run import build
+    from convert.sparsity_map.run import build
 
     cfg = config or SparsityMapConfig()
     cfg.budget()

@@ -1,6 +1,6 @@
 """``aios-convert alias``: one canonical weight + per-layer deltas (R3), post-hoc.
 
-Pipeline (trained aliasing in ``convert/alias_train.py`` reuses the analysis and the writer):
+Pipeline (trained aliasing in ``convert/alias/train.py`` reuses the analysis and the writer):
 
 1. **Analysis** (streamed: one Gram matrix per matrix type, every tensor read once, by the
    checker's own ``aios.measure.similarity``): layer × layer cosine, ‖W_i − W_j‖/‖W_j‖,
@@ -12,7 +12,7 @@ Pipeline (trained aliasing in ``convert/alias_train.py`` reuses the analysis and
    kept only if the *measured* held-out perplexity change stays within the budget.
 3. **Write**: an HF folder in the alias format (``aios.models.alias_format``), with the
    report and provenance in ``aios_alias.json``; optionally an aliased GGUF for ``aios-run``
-   and a de-aliased standard GGUF for llama.cpp (``convert/alias_gguf.py``).
+   and a de-aliased standard GGUF for llama.cpp (``convert/alias/export.py``).
 
 Memory: one Gram matrix per type while analysing; the written folder is built in memory
 (safetensors writes one file from a dict), so about one copy of the model, plus the
@@ -40,8 +40,8 @@ from aios.models import ModelHandle, resolve_model
 from aios.models import alias_format as af
 from aios.models.from_gguf import gguf_source_of, hf_source
 from contract.spec import zone_threshold
-from convert.alias_config import CANONICAL_MODES
-from convert.relufy_run import source_sha256
+from convert.alias.config import CANONICAL_MODES
+from convert.relufication.run import source_sha256
 
 ProgressFn = Callable[[str], None]
 COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -379,7 +379,7 @@ def finish_exports(out: Path, report: dict[str, Any], config, *, outtype: str, g
     if (gguf or dealias) and not report.get("groups"):
         result.warnings.append(no_groups_note(out))
     elif gguf or dealias:
-        from convert.alias_gguf import export_alias_gguf
+        from convert.alias.export import export_alias_gguf
 
         if gguf:
             result.gguf = export_alias_gguf(out, gguf, outtype=outtype).output

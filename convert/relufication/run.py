@@ -35,8 +35,8 @@ from aios.models.from_gguf import gguf_source_of, hf_source
 from convert import engine as eng
 from convert import evaluation as ev
 from convert import training as tr
-from convert.relufy_config import PROVENANCE_FILE, ProgressFn, RelufyConfig
-from convert.sparsify import bos_prefix
+from convert.relufication.config import PROVENANCE_FILE, ProgressFn, RelufyConfig
+from convert.sparsify.calibrate import bos_prefix
 from convert.train_data import Prefetcher, RandomWindows, StreamedWindows, WindowSource
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
