@@ -51,7 +51,13 @@ def worker(path: str, threads: int) -> None:
     kernels.set_threads(threads)
     m = Model(path, n_ctx=1024)
     vocab = m.tok_embd.n_out
-    generate(m, PROMPT, 2)  # warm-up: pages touched, compiled kernels loaded
+    # warm-up: pages touched, and every form's compiled kernels loaded (or compiled: a tree whose
+    # cache is cold compiles here, never inside a timed request)
+    generate(m, PROMPT, 2)
+    m.reset()
+    m.forward(prompt_tokens(64, vocab))
+    perplexity(m, prompt_tokens(2 * 64 + 1, vocab), window=64)
+    m.reset()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         kind, *nums = line.split()
