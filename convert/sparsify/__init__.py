@@ -42,13 +42,13 @@ from pathlib import Path
 
 import numpy as np
 
-from aios.errors import InvalidModelError, UsageError
 from convert.sparsify.calibrate import (
     Calibration,
     allocate,
     bos_prefix,
     calibrate,
     calibration_stream,
+    check_paths,
     choose_target,
     costs,
     windows,
@@ -69,20 +69,6 @@ __all__ = ["ALLOCATIONS", "DEFAULT_SITE", "KEY_PREFIX", "LEVELS", "SENSITIVITY_L
            "LayerCurve", "Progress", "SparsifyConfig", "SparsifyResult", "allocate", "bos_prefix", "calibrate",
            "calibration_stream", "check_paths", "choose_target", "costs", "finish", "measure_heldout", "metadata",
            "sparsify", "windows", "write_sparsified"]
-
-
-def check_paths(src: Path, out: Path) -> None:
-    from aios.errors import ModelNotFoundError
-
-    if not src.exists():
-        raise ModelNotFoundError(f"No such GGUF file: {src}.")
-    if not src.is_file() or src.suffix.lower() != ".gguf":
-        raise InvalidModelError(f"sparsify reads a .gguf file; '{src}' is not one (export an HF folder first: "
-                                "`aios-convert gguf MODEL -o FILE.gguf --outtype q8_0`).")
-    if out.exists() and out.resolve() == src.resolve():
-        raise UsageError("-o must differ from the input file (the input is read while writing).")
-    if out.suffix.lower() != ".gguf":
-        raise UsageError(f"-o names the output GGUF; '{out}' does not end in .gguf.")
 
 
 def sparsify(model_path: str | Path, output: str | Path, config: SparsifyConfig, *,
