@@ -11,8 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from runtime import decode_block, ggml_ops, kernels, ops
-from runtime.activations import GGML_GELU, GGML_SILU
+from runtime import block_graph, decode_block, ggml_ops, kernels, ops
 from runtime.weights import Matrix
 
 _NO_BIAS = np.zeros(0, np.float32)  # layer_norm without a bias
@@ -31,13 +30,13 @@ class CompiledRoutes:
             return None
         arith = a.name
         if self._plans is None or self._plans_arith != arith:
-            act, g = self._activation(a), self.hp.graph
-            layer_norms = g.norm == "layer"
-            if self._ggml(a):
-                self._plans = [decode_block.plan(L, g, layer_norms, act == GGML_SILU, act == GGML_GELU)
-                               for L in self.layers]
+            path, act = ("ggml" if self._ggml(a) else "float"), self._activation(a)
+            forms = [block_graph.compiled_form(bg, act, path) for bg in self.blocks]
+            if path == "ggml":
+                self._plans = [decode_block.plan(L, bg, f) for L, bg, f in zip(self.layers, self.blocks, forms)]
             else:
-                self._plans = [decode_block.float_plan(L, g, layer_norms, act, arith == "int8") for L in self.layers]
+                self._plans = [decode_block.float_plan(L, bg, f, arith == "int8")
+                               for L, bg, f in zip(self.layers, self.blocks, forms)]
             self._plans_arith = arith
         return self._plans
 
@@ -79,17 +78,16 @@ class CompiledRoutes:
     def _block_args(self, layer: int, p) -> None:
         """Gather ``decode_block.block``'s (or ``parallel_block``'s) arguments after p0 into
         ``p.args``, once."""
-        hp, g = self.hp, self.hp.graph
+        hp, bg = self.hp, self.blocks[layer]
         if p.args is None:  # the layer's constants, once
-            local = hp.swa_layers[layer]
             scale = ggml_ops.kq_scale(hp.attn_scale)
             norms = ((p.attn_norm, p.attn_norm_b, p.ffn_norm, p.ffn_norm_b, ops.gelu_table()) if p.parallel
                      else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
             p.args = (p.W, p.codes, p.B, *norms, np.float32(hp.norm_eps),
-                      self._theta_scale[hp.rope_base_swa if local else hp.rope_base],
-                      self._freq_factors_swa if local else self._freq_factors, g.rope == "neox", g.rope is not None,
-                      scale if g.q_prescale else np.float32(1.0), np.float32(1.0) if g.q_prescale else scale,
-                      hp.window if local else 0, np.float32(hp.attn_softcap or 0.0),
+                      self._theta_scale[hp.rope_base_swa if bg.local_rope else hp.rope_base],
+                      self._freq_factors_swa if bg.local_rope else self._freq_factors, bg.rope == "neox",
+                      bg.rope is not None, scale if bg.q_prescale else np.float32(1.0),
+                      np.float32(1.0) if bg.q_prescale else scale, bg.window, np.float32(bg.attn_softcap),
                       self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim)
 
     def _compiled_block(self, layer: int, p, x: np.ndarray, rest: np.ndarray | None,
@@ -120,15 +118,14 @@ class CompiledRoutes:
     def _float_block_args(self, layer: int, p) -> None:
         """Gather ``decode_block.float_block``'s (or ``float_parallel_block``'s) arguments after
         p0 into ``p.args``, once."""
-        hp, g = self.hp, self.hp.graph
+        hp, bg = self.hp, self.blocks[layer]
         if p.args is None:
-            local = hp.swa_layers[layer]
             norms = ((p.attn_norm, p.attn_norm_b, p.ffn_norm, p.ffn_norm_b) if p.parallel
                      else (p.attn_norm, p.ffn_norm, p.q_norm, p.k_norm))
-            p.args = (p.W, p.codes, p.B, *norms, float(hp.norm_eps), self._inv_freq_swa if local else self._inv_freq,
-                      g.rope == "neox", g.rope is not None, float(hp.attn_scale), hp.window if local else 0,
-                      float(hp.attn_softcap or 0.0), self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv,
-                      hp.head_dim, p.act)
+            p.args = (p.W, p.codes, p.B, *norms, float(hp.norm_eps),
+                      self._inv_freq_swa if bg.local_rope else self._inv_freq, bg.rope == "neox",
+                      bg.rope is not None, float(hp.attn_scale), bg.window, bg.attn_softcap,
+                      self.k_cache[layer], self.v_cache[layer], hp.n_heads, hp.n_kv, hp.head_dim, p.act)
 
     def _count_block(self, layer: int, p, p0: int) -> None:
         """A compiled block's weight and K/V bytes, as the step by step path counts them."""

@@ -396,38 +396,33 @@ def _f32(v: np.ndarray | None) -> np.ndarray:
     return _NONE if v is None else np.ascontiguousarray(v, np.float32)
 
 
-def plan(L: dict, graph, norm_layer: bool, silu: bool, gelu: bool = False, code=kernel_code) -> BlockPlan | None:
-    """Layer ``L``'s plan when ``block`` or ``parallel_block`` computes it (see the module
-    docstring), else None. ``norm_layer``: the file's norms are LayerNorms; ``silu`` / ``gelu``:
-    the FFN activation is ggml's SiLU / GELU (the float path's: SiLU / erf GELU, ``float_plan``)."""
-    if graph.parallel_attn_default:  # Falcon: LayerNorms, fused q/k/v, a plain GELU MLP
-        if not (norm_layer and gelu and graph.fused_qkv) or graph.gated_ffn or graph.post_norms or graph.qk_norm:
-            return None
+def plan(L: dict, bg, form: str | None, code=kernel_code) -> BlockPlan | None:
+    """Layer ``L``'s plan for the compiled ``form`` (``runtime.block_graph.compiled_form`` of its
+    graph ``bg``: which of ``block`` / ``parallel_block`` / their float forms implements the
+    layer's every graph fact; None: none does) when ``code`` (a gguf-py type name -> kernel code
+    or None) gives every matrix a code, else None."""
+    if form is None:
+        return None
+    if form.endswith("parallel_block"):  # Falcon: LayerNorms, fused q/k/v, a plain GELU MLP
         w = _weights(L, PARALLEL_MATRICES, code)
-        n2 = graph.parallel_ffn_norm
+        n2 = bg.ffn_norm
         return None if w is None else BlockPlan(
             **w, attn_norm=_f32(L["attn_norm.weight"]), ffn_norm=_f32(L.get(f"{n2}.weight") if n2 else None),
             q_norm=_NONE, k_norm=_NONE, parallel=True, attn_norm_b=_f32(L.get("attn_norm.bias")),
             ffn_norm_b=_f32(L.get(f"{n2}.bias") if n2 else None))
-    if (graph.fused_qkv or graph.post_norms or not graph.gated_ffn
-            or norm_layer or not silu or "attn_norm.bias" in L or "ffn_norm.bias" in L):
-        return None
     w = _weights(L, MATRICES, code)
     return None if w is None else BlockPlan(
-        **w, attn_norm=L["attn_norm.weight"], ffn_norm=L["ffn_norm.weight"],
-        q_norm=L["attn_q_norm.weight"] if graph.qk_norm else _NONE,
-        k_norm=L["attn_k_norm.weight"] if graph.qk_norm else _NONE)
+        **w, attn_norm=L["attn_norm.weight"], ffn_norm=L[f"{bg.ffn_norm}.weight"],
+        q_norm=L["attn_q_norm.weight"] if bg.qk_norm else _NONE,
+        k_norm=L["attn_k_norm.weight"] if bg.qk_norm else _NONE)
 
 
-def float_plan(L: dict, graph, norm_layer: bool, activation: str, half_x: bool) -> BlockPlan | None:
-    """Layer ``L``'s plan when ``float_block`` or ``float_parallel_block`` computes it: the
-    shapes ``plan`` takes, every matrix F16 or BF16 with rows a multiple of 32 values long,
-    ``activation`` the checkpoint's SiLU or erf GELU ("silu", "gelu")."""
-    act = {"silu": SILU, "gelu": GELU_ERF}.get(activation)
-    if act is None:
-        return None
-    p = plan(L, graph, norm_layer, act == SILU, act == GELU_ERF, lambda kind: float_code(kind, half_x))
+def float_plan(L: dict, bg, form: str | None, half_x: bool) -> BlockPlan | None:
+    """Layer ``L``'s plan for the float path's compiled ``form`` (``float_block`` or
+    ``float_parallel_block``): ``plan``'s, every matrix F16 or BF16 with rows a multiple of 32
+    values long."""
+    p = plan(L, bg, form, lambda kind: float_code(kind, half_x))
     if p is None or any(w.shape[1] % 32 for w in p.W):
         return None
-    p.act = act
+    p.act = SILU if form == "float_block" else GELU_ERF
     return p

@@ -30,6 +30,8 @@ from aios.io import sparse_zeros
 from runtime import attention_gemm, ggml_ops, gguf_checks, kernels, ops, thresholds
 from runtime.accounting import ByteCounter
 from runtime.activations import GELU_FAMILY, GGML_GELU, GGML_SILU, activation
+from runtime.attention_route import AttentionRoute
+from runtime.block_graph import BlockGraph, block_graph
 from runtime.compiled_routes import CompiledRoutes
 from runtime.extensions import LAYER_HOOKS
 from runtime.hparams import HParams, read_hparams, runtime_row  # noqa: F401  (HParams: part of this module's API)
@@ -42,7 +44,7 @@ F32 = 4
 _NO_BIAS = np.zeros(0, np.float32)  # layer_norm without a bias
 
 
-class Model(CompiledRoutes):
+class Model(AttentionRoute, CompiledRoutes):
     """Weights (mmap-backed where possible), KV cache, and the forward pass."""
 
     # the ggml path runs what sits between the kernels as few compiled calls (same arithmetic);
@@ -87,6 +89,8 @@ class Model(CompiledRoutes):
         # learned absolute positions (GPT-2): one row per position, added to the token embeddings
         self.pos_embd = from_gguf_tensor(t["position_embd.weight"]) if row.rope is None else None
         self.layers = [self._layer(t, i) for i in range(hp.n_layers)]
+        # each layer's graph facts, read by every route (runtime/block_graph.py)
+        self.blocks: list[BlockGraph] = [block_graph(hp, L, i) for i, L in enumerate(self.layers)]
         # FFN matrices with an int8 kernel: under the int8 arithmetic the activation is ggml's too
         self._int8_weights = any(getattr(p, "kind", "").lower() in kernels.INT8_DEFAULT
                                  for L in self.layers for op in L.values() if hasattr(op, "parts")
@@ -197,10 +201,12 @@ class Model(CompiledRoutes):
             y += bias
         return y
 
-    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, a: kernels.Arithmetic) -> np.ndarray:
+    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, a: kernels.Arithmetic,
+              kind: str | None = None) -> np.ndarray:
+        """The norm of x: ``kind`` ("rms", "layer"; None: the model's, as its output norm)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         ggml = self._ggml(a)
-        if self.hp.graph.norm == "layer":
+        if (kind or self.hp.graph.norm) == "layer":
             b = _NO_BIAS if b is None else b
             if ggml:
                 return ggml_ops.layer_norm(x, w, b, np.float32(self.hp.norm_eps))
@@ -209,19 +215,19 @@ class Model(CompiledRoutes):
             return ggml_ops.rms_norm(x, w, np.float32(self.hp.norm_eps))
         return ops.rms_norm(x, w, self.hp.norm_eps)
 
-    def _fuse_norm(self, b: np.ndarray | None, a: kernels.Arithmetic) -> bool:
+    def _fuse_norm(self, b: np.ndarray | None, a: kernels.Arithmetic, kind: str | None = None) -> bool:
         """Whether a residual add and the RMS norm after it run as one compiled call."""
-        return self.fused_glue and b is None and self.hp.graph.norm != "layer" and self._ggml(a)
+        return self.fused_glue and b is None and (kind or self.hp.graph.norm) != "layer" and self._ggml(a)
 
     def _add_norm(self, x: np.ndarray, y: np.ndarray | None, w: np.ndarray,
-                  b: np.ndarray | None, a: kernels.Arithmetic) -> tuple[np.ndarray, np.ndarray]:
-        """(x + y, norm(x + y)); y None: (x, norm(x))."""
+                  b: np.ndarray | None, a: kernels.Arithmetic, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(x + y, norm(x + y)); y None: (x, norm(x)). ``kind``: as ``_norm``."""
         if y is None:
-            return x, self._norm(x, w, b, a)
-        if self._fuse_norm(b, a):
+            return x, self._norm(x, w, b, a, kind)
+        if self._fuse_norm(b, a, kind):
             return ggml_ops.add_rms_norm(x, y, w, np.float32(self.hp.norm_eps))
         x = x + y
-        return x, self._norm(x, w, b, a)
+        return x, self._norm(x, w, b, a, kind)
 
     def _mm_shared(self, L: dict, names: tuple[str, ...], X: np.ndarray, layer: int, a: kernels.Arithmetic,
                    rows: np.ndarray | None = None) -> list[np.ndarray]:
@@ -229,81 +235,15 @@ class Model(CompiledRoutes):
         shared = a.sharing(X) if self.fused_glue else a
         return [self._mm(L[f"{n}.weight"], X, layer, shared, rows, L.get(f"{n}.bias")) for n in names]
 
-    def _head_norm(self, x: np.ndarray, w: np.ndarray, a: kernels.Arithmetic) -> np.ndarray:  # x (T, H, hd)
-        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-        if self._ggml(a):
-            return ggml_ops.rms_norm(flat, w, np.float32(self.hp.norm_eps)).reshape(x.shape)
-        return ops.rms_norm(flat, w, self.hp.norm_eps).reshape(x.shape)
-
-    def _rope(self, x: np.ndarray, positions: np.ndarray, a: kernels.Arithmetic,
-              local: bool = False) -> np.ndarray:  # x (T, H, hd)
-        x = np.array(x, dtype=np.float32)  # a copy: q/k are views of the projection output
-        neox = self.hp.graph.rope == "neox"
-        if self._ggml(a):
-            base = self.hp.rope_base_swa if local else self.hp.rope_base
-            ff = self._freq_factors_swa if local else self._freq_factors
-            ggml_ops.rope(x, positions.astype(np.int64), ggml_ops.theta_scale(base, self.hp.rope_dims), ff, neox)
-            return x
-        inv = self._inv_freq_swa if local else self._inv_freq
-        ops.rope(x, positions.astype(np.float64), inv, neox)
-        return x
-
     def _count_activations(self, layer: int, T: int) -> None:
         """Count a block's intermediate vectors: residual/norm copies (one more with a separate
         FFN norm), q/k/v, attention output, FFN activations (one more when gated), each written
         once and read once."""
-        hp, g = self.hp, self.hp.graph
-        vec = (hp.d_model * (3 if g.parallel_attn_default and not g.parallel_ffn_norm else 4)
+        hp, g = self.hp, self.blocks[layer]
+        vec = (hp.d_model * (3 if g.parallel and not g.ffn_norm else 4)
                + (hp.n_heads + 2 * hp.n_kv) * hp.head_dim
                + hp.n_heads * hp.head_dim + (3 if g.gated_ffn else 2) * hp.d_ffn)
         self.counter.add("activations", 2 * vec * F32 * T, layer)
-
-    def _kv_reads(self, layer: int, T: int, n: int) -> None:
-        """Count a chunk of T tokens' K/V writes and the reads of n cached positions; set the threads."""
-        hp = self.hp
-        kv_row = hp.n_kv * hp.head_dim * F32
-        self.counter.add("kv_cache", 2 * kv_row * T, layer)  # write
-        self.counter.add("kv_cache", 2 * kv_row * n, layer)  # read K and V once per chunk
-        kernels.threads_for(2 * F32 * T * hp.n_heads * n * hp.head_dim)  # K and V values each query head reads
-
-    def _attention_ggml(self, layer: int, L: dict, q, k, v, positions, local: bool, a: kernels.Arithmetic,
-                        last: bool, starts) -> np.ndarray:
-        """The ggml path from the projections to the attention output in two compiled calls
-        (``ggml_ops.attention_inputs``, then ``ggml_ops.attention``): the same arithmetic as the
-        step by step path (``fused_glue = False``), with fewer operations run cold after each
-        weight matrix streams through the caches."""
-        hp, g, T = self.hp, self.hp.graph, q.shape[0]
-        p0 = int(positions[0])
-        scale = ggml_ops.kq_scale(hp.attn_scale)
-        pre = scale if g.q_prescale else np.float32(1.0)  # llama.cpp scales q, then softmax with scale 1
-        qn, kn = (L[f"attn_{x}_norm.weight"] if g.qk_norm else _NO_BIAS for x in "qk")
-        base = hp.rope_base_swa if local else hp.rope_base
-        q = ggml_ops.attention_inputs(
-            q, k, v, qn, kn, np.float32(hp.norm_eps), positions, self._theta_scale[base],
-            self._freq_factors_swa if local else self._freq_factors, g.rope == "neox", g.rope is not None, pre,
-            self.k_cache[layer], self.v_cache[layer], p0)
-        self._kv_reads(layer, T, p0 + T)
-        return attention_gemm.attention_ggml(q, self.k_cache[layer], self.v_cache[layer], p0,
-                                             np.float32(1.0) if g.q_prescale else scale,
-                                             hp.window if hp.swa_layers[layer] else 0,
-                                             np.float32(hp.attn_softcap or 0.0), a, last, starts)
-
-    def _attention(self, layer: int, q, k, v, positions, a: kernels.Arithmetic, last: bool, starts) -> np.ndarray:
-        hp, T = self.hp, q.shape[0]
-        p0 = int(positions[0])
-        self.k_cache[layer, :, p0 : p0 + T] = k.transpose(1, 0, 2)
-        self.v_cache[layer, :, p0 : p0 + T] = v.transpose(1, 0, 2)
-        n = p0 + T
-        self._kv_reads(layer, T, n)
-        window = hp.window if hp.swa_layers[layer] else 0
-        if self._ggml(a):
-            scale = ggml_ops.kq_scale(hp.attn_scale)
-            if hp.graph.q_prescale:  # llama.cpp scales q, then runs the softmax with scale 1
-                q, scale = q * scale, np.float32(1.0)
-            return attention_gemm.attention_ggml(q, self.k_cache[layer], self.v_cache[layer], p0, scale,
-                                                 window, np.float32(hp.attn_softcap or 0.0), a, last, starts)
-        return attention_gemm.attention_float(q, self.k_cache[layer], self.v_cache[layer], p0, hp.attn_scale,
-                                              window, hp.attn_softcap, a, last, starts)
 
     def _predicted_rows(self, h: np.ndarray, layer: int) -> np.ndarray:
         p = self.predictor.layers[layer]
@@ -323,10 +263,11 @@ class Model(CompiledRoutes):
                 self._score_prediction(L, h, rows)
         cuts = self.thresholds
         act = self._activation(a)
-        if "ffn_gate.weight" in L and self.mode == "dense" and act == GGML_SILU and cuts is None:
+        gated = self.blocks[layer].gated_ffn
+        if gated and self.mode == "dense" and act == GGML_SILU and cuts is None:
             # ggml's SwiGLU in one pass: silu(gate)·up, the bits of silu(gate)·1 then ·up
             y = ggml_ops.silu_mul(*self._mm_shared(L, ("ffn_gate", "ffn_up"), h, layer, a, rows))
-        elif "ffn_gate.weight" in L:
+        elif gated:
             g = activation(act, self._mm(L["ffn_gate.weight"], h, layer, a, rows, L.get("ffn_gate.bias")),
                            hp.activation_threshold)
             if cuts is not None and cuts.site == "gate":
@@ -377,7 +318,7 @@ class Model(CompiledRoutes):
         s = self.pred_stats
         s["fired"] += int(fired.sum())
         s["missed"] += int((fired & ~guess[None, :]).sum())
-        s["predicted"] += int(len(rows)) * h.shape[0]
+        s["predicted"] += len(rows) * h.shape[0]
         s["rows"] += self.hp.d_ffn * h.shape[0]
 
     # --- forward ---------------------------------------------------------------------
@@ -431,14 +372,14 @@ class Model(CompiledRoutes):
         last_only = (T > 1 and not all_logits and self.mode == "dense"
                      and self.ffn_input_hook is None and self.ffn_act_hook is None)
         for i, L in enumerate(self.layers):
-            g = hp.graph
+            g = self.blocks[i]  # the layer's graph facts, as the compiled blocks read them
             last = last_only and i == hp.n_layers - 1  # the last query alone (attention_gemm)
             if plans is not None and plans[i] is not None:  # the whole block as one compiled call
                 x, rest, nnz = self._compiled_block(i, plans[i], x, rest, positions)
                 self._count_activations(i, T)
                 self.ffn_nnz += nnz
                 continue
-            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"), a)
+            x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"), a, g.norm)
             if g.fused_qkv:
                 qkv = self._mm(L["attn_qkv.weight"], h, i, a, bias=L.get("attn_qkv.bias"))
                 q = qkv[:, : hp.n_heads * hp.head_dim]
@@ -449,32 +390,30 @@ class Model(CompiledRoutes):
             q = q.reshape(T, hp.n_heads, hp.head_dim)
             k = k.reshape(T, hp.n_kv, hp.head_dim)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
-            local = hp.swa_layers[i]
             if self.fused_glue and self._ggml(a):
-                o = self._attention_ggml(i, L, q, k, v, positions, local, a, last, starts)
+                o = self._attention_ggml(i, L, q, k, v, positions, g, a, last, starts)
             else:
                 if g.qk_norm:  # RMSNorm over each head's vector, before RoPE
                     q = self._head_norm(q, L["attn_q_norm.weight"], a)
                     k = self._head_norm(k, L["attn_k_norm.weight"], a)
                 if g.rope is not None:  # (learned positions were added to the embeddings)
-                    q = self._rope(q, positions, a, local)
-                    k = self._rope(k, positions, a, local)
-                o = self._attention(i, q, k, v, positions, a, last, starts)
+                    q = self._rope(q, positions, a, g)
+                    k = self._rope(k, positions, a, g)
+                o = self._attention(i, q, k, v, positions, g, a, last, starts)
             x, h = (x[-1:], h[-1:]) if o.shape[0] < T else (x, h)  # the last query alone: one row on from here
             attn = self._mm(L["attn_output.weight"], o, i, a, bias=L.get("attn_output.bias"))
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
-                attn = self._norm(attn, L["post_attention_norm.weight"], None, a)
-            if g.parallel_attn_default:  # parallel attention and MLP on the same input x
-                if g.parallel_ffn_norm:  # the MLP's own norm of x (Falcon-40B's ln_mlp)
-                    n2 = g.parallel_ffn_norm
-                    h = self._norm(x, L[f"{n2}.weight"], L.get(f"{n2}.bias"), a)
+                attn = self._norm(attn, L["post_attention_norm.weight"], None, a, g.norm)
+            if g.parallel:  # parallel attention and MLP on the same input x
+                if g.ffn_norm:  # the MLP's own norm of x (Falcon-40B's ln_mlp)
+                    h = self._norm(x, L[f"{g.ffn_norm}.weight"], L.get(f"{g.ffn_norm}.bias"), a, g.norm)
                 ffn, nnz = self._ffn(L, h, i, a)
                 x, rest = x + attn, ffn  # (x + attn) + ffn, in that order
             else:
-                x, h2 = self._add_norm(x, attn, L["ffn_norm.weight"], L.get("ffn_norm.bias"), a)
+                x, h2 = self._add_norm(x, attn, L[f"{g.ffn_norm}.weight"], L.get(f"{g.ffn_norm}.bias"), a, g.norm)
                 ffn, nnz = self._ffn(L, h2, i, a)
                 if g.post_norms:
-                    ffn = self._norm(ffn, L["post_ffw_norm.weight"], None, a)
+                    ffn = self._norm(ffn, L["post_ffw_norm.weight"], None, a, g.norm)
                 rest = ffn
             self.ffn_nnz += nnz
             self._count_activations(i, T)
