@@ -10,6 +10,7 @@ import numpy as np
 from aios import quant
 from aios.errors import InvalidModelError
 from runtime import kernels as K
+from runtime.kernels.type_traits import GGUF_TYPES
 
 
 class Linear(Protocol):
@@ -111,7 +112,9 @@ class TransposedMatrix:
 
 # --- the kernel registry ------------------------------------------------------------------------
 # What the runtime runs, one entry per GGUF tensor type: a type is supported exactly when it has
-# an entry, so adding a type is adding a row here (and its kernel), not editing every method.
+# an entry, so adding a type is adding a row here (and its kernel), not editing every method. The
+# block types' entries follow the rows of runtime.kernels.type_traits (what each type's kernels
+# are); the float types' are written out below.
 
 Layout = Literal["elements", "blocks"]
 
@@ -182,9 +185,9 @@ KERNELS: dict[str, KernelSpec] = {  # keyed by gguf-py's type name; order = SUPP
     "BF16": KernelSpec("elements", _load_u16, lambda m, X, r, Y, a: K.mm_bf16(m.data, X, r, Y),
                        lambda m: K.LUT_BF16[m.data], lambda m, r: K.LUT_BF16[m.data[r]],
                        K.sparse_rows_bf16),
-    **{k: _blocks(k) for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
-                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")},
+    **{k: _blocks(k) for k in GGUF_TYPES if K.TYPE_TRAITS[k.lower()].family != "float"},
 }
+assert tuple(KERNELS) == GGUF_TYPES  # an entry for each row of the type table, in its order
 # every block type sums neuron-major rows in place (K.sparse_rows_<type>: a float axpy per active row)
 KERNELS.update({k: replace(s, sparse_blocks=K.SPARSE_BLOCK_ROWS[k.lower()])
                 for k, s in KERNELS.items() if s.layout == "blocks"})

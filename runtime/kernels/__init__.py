@@ -48,7 +48,13 @@ activations (blocks of 256, float d, the 16 group sums for the minimum / offset 
 compiled decode blocks: logits bit-identical to llama.cpp's plain CPU buffers (x86, AVX-512
 VNNI build), at a lower speed; what agreement with llama.cpp is checked in.
 
-The package, one module per seam: ``threads`` (OpenMP's spin, ``set_threads``, ``threads_for``),
+What each tensor type has and takes is one row of ``type_traits`` (``TYPE_TRAITS``, like
+llama.cpp's ``type_traits``): its block geometry, its quants' sign facts, the activation blocks
+of its int8 dot, the names of its kernels and the tile forms it runs in; the modules below derive
+their type tuples from it (``B32``, ``KQ_INT``, ``TILE_TYPES`` ...), whose order is the ``kind``
+their compiled kernels branch on.
+
+The package, one module per seam: ``type_traits`` (the table above), ``threads`` (OpenMP's spin, ``set_threads``, ``threads_for``),
 ``ir_helpers`` (the IR the intrinsics are built from; the CPU's integer dot), ``groups`` (the
 kernels' row groups), ``float_rows`` (F32, F16, BF16), ``blocks32`` and ``blocks32_int`` (the
 32-value blocks in float and in int8; ``blocks32_int_operands``: how their quants and activations
@@ -276,6 +282,7 @@ from runtime.kernels.threads import (
     set_threads,
     threads_for,
 )
+from runtime.kernels.type_traits import TYPE_TRAITS, TypeTraits
 
 __all__ = [
     "AMX_TYPES", "amx_available", "amx_runs", "arranged_amx", "KeptRows", "kept_unpacked", "mm_amx",
@@ -288,7 +295,7 @@ __all__ = [
     "Q2K_D", "Q2K_QS", "Q3K_D", "Q3K_QS", "Q3K_SCALES", "Q4K_QS", "Q4K_SCALES", "Q5K_QH", "Q5K_QS",
     "Q6K_D", "Q6K_QH", "Q6K_SCALES", "QK", "QK_K", "QUAD_INSERT", "ROWS", "ROW_AHEAD",
     "SERIAL_BYTES", "SPARSE_B", "SPARSE_BLOCK_ROWS", "SPARSE_B_KIND", "SPARSE_B_VALUES",
-    "SPARSE_CHUNKS", "SPIN_COUNT", "STRIDED_WORDS_MAX", "V8F", "V8I32", "V16F", "V16I16", "V16I32",
+    "SPARSE_CHUNKS", "SPIN_COUNT", "STRIDED_WORDS_MAX", "TYPE_TRAITS", "TypeTraits", "V8F", "V8I32", "V16F", "V16I16", "V16I32",
     "V32F", "V32I8", "V32I16", "V64I8", "arithmetic_label", "array_data",
     "axpy4_bf16", "axpy4_f16", "axpy4_f32", "axpy_f64_at", "axpy_iq4_nl", "axpy_iq4_xs",
     "axpy_q2_k", "axpy_q3_k", "axpy_q4_0", "axpy_q4_1", "axpy_q4_k", "axpy_q5_0", "axpy_q5_1",

@@ -64,8 +64,10 @@ from runtime.kernels.kq_tiles import (
     unpack_b32_rows,
     unpack_rows,
 )
+from runtime.kernels.type_traits import TYPE_TRAITS
 
-AMX_TYPES = TILE_TYPES
+# the lane tiles' types whose type_traits row takes "amx" (their unpackers and TILE_KIND)
+AMX_TYPES = tuple(t for t in TILE_TYPES if "amx" in TYPE_TRAITS[t].tiles)
 
 _STATE: dict = {"ok": None}
 _ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86-64 Linux

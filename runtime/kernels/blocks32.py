@@ -8,7 +8,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from aios.quant import block_size, type_size
+from aios.quant import block_size
 from runtime.kernels.groups import group4, row_count, store_group
 from runtime.kernels.ir_helpers import (
     F32,
@@ -32,6 +32,7 @@ from runtime.kernels.ir_helpers import (
     vload,
     zeros_struct,
 )
+from runtime.kernels.type_traits import TYPE_TRAITS, names
 
 QK = block_size("Q8_0")  # elements per Q8_0 / Q4_0 block (gguf-py's table, like every block size)
 assert block_size("Q4_0") == QK
@@ -48,24 +49,29 @@ assert block_size("Q4_0") == QK
 #   block_q5_0 {half d; uint32 qh; uint8 qs[16]}     Q4_0's nibble | bit l of qh << 4; − 16
 #   block_q5_1 {half d; half m; uint32 qh; uint8 qs[16]}  as Q5_0 without the offset
 #   block_iq4_nl {half d; uint8 qs[16]}              kvalues_iq4nl[Q4_0's nibble]
-B32 = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-B32_BYTES = {t: type_size(t) for t in B32}  # bytes per block (gguf-py's table)
+# The types and their quants' facts: rows of runtime.kernels.type_traits (B32's order: mm_b32's
+# kind)
+B32 = names("b32")
+B32_BYTES = {t: TYPE_TRAITS[t].block_bytes for t in B32}  # bytes per block (gguf-py's table)
 assert all(block_size(t) == QK for t in B32) and QK == V32F.count  # one block, one <32 x float>
-# where the quants start and whether a block has a minimum m (fp16 right after d)
+# where the quants start (a layout fact of this module) and whether a block has a minimum m
+# (fp16 right after d)
 B32_QS = {"q8_0": 2, "q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8, "iq4_nl": 2}
-B32_AFFINE = {"q4_1", "q5_1"}
-B32_OFFSET = {"q4_0": 8, "q5_0": 16}  # subtracted from the stored unsigned quants
-B32_SIGNED = {"q8_0", "iq4_nl"}  # quants stored as signed values
+B32_AFFINE = {t for t in B32 if TYPE_TRAITS[t].affine}
+# subtracted from the stored unsigned quants
+B32_OFFSET = {t: TYPE_TRAITS[t].offset for t in B32 if TYPE_TRAITS[t].offset}
+B32_SIGNED = {t for t in B32 if TYPE_TRAITS[t].signed}  # quants stored as signed values
 # the types whose int8 kernel sums as ggml's does, bit for bit (its vec_dot_*_q8_0 for one token
 # and llamafile's tinyBLAS_Q0_AVX for a batch, on x86 alike): each block's signed Σ q_w·q_x in 8
 # int32 lanes of 4 products (lane l: values 4l..4l+3), converted, fma'd with f32(d_w·d_x) into 8
 # float lanes, one block after another, then hsum. IQ4_NL is not: ggml's one-token dot keeps
 # two accumulators (even and odd blocks) where its batch keeps one.
-# Q4_0 and Q5_0 can sum so too (their offset taken off in the integer lanes: add them here), but
-# that kernel took 1.15x (Q5_0) and 1.27x (Q4_0) the time of the quad kernel on the 2-core Xeon
-# (2026-11-27), for top-1 agreement with llama.cpp on the real Gemma 3 270M of 0.9277 instead of
-# 0.9233: decode speed at or above llama.cpp's is worth more, so they keep the quad kernel.
-BLOCKWISE = ("q8_0",)
+# Q4_0 and Q5_0 can sum so too (their offset taken off in the integer lanes: set their rows'
+# ``blockwise``), but that kernel took 1.15x (Q5_0) and 1.27x (Q4_0) the time of the quad kernel
+# on the 2-core Xeon (2026-11-27), for top-1 agreement with llama.cpp on the real Gemma 3 270M
+# of 0.9277 instead of 0.9233: decode speed at or above llama.cpp's is worth more, so they keep
+# the quad kernel.
+BLOCKWISE = names("b32", where=lambda t: t.blockwise)
 assert B32_BYTES == {t: B32_QS[t] + (QK if t == "q8_0" else QK // 2) for t in B32}
 # ggml's non-linear 4-bit value table (ggml-common.h kvalues_iq4nl; gguf-py's IQ4_NL.kvalues)
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)

@@ -55,6 +55,7 @@ from runtime.kernels.ir_helpers import (
     vload,
     zeros_f32,
 )
+from runtime.kernels.type_traits import names
 
 # --- the same blocks times 8-bit activations: integer block dot products ("int8" arithmetic) ----
 # llama.cpp's scheme: each activation row is quantized once per matmul to int8 blocks of 32 with
@@ -382,7 +383,8 @@ dot4i_q8_0, dot4i_q4_0, dot4i_q4_1 = dot4_b32_int("q8_0"), dot4_b32_int("q4_0"),
 dot4i_q5_0, dot4i_q5_1, dot4i_iq4_nl = dot4_b32_int("q5_0"), dot4_b32_int("q5_1"), dot4_b32_int("iq4_nl")
 
 
-AFFINE_B32 = frozenset({"q4_1", "q5_1"})  # block types whose ggml dot products take Q8_1 activations
+# block types whose ggml dot products take Q8_1 activations (type_traits: their ``activations``)
+AFFINE_B32 = frozenset(names("b32", where=lambda t: t.activations == "q8_1"))
 
 
 # (runtime.decode_block calls it from inside its own compiled function too)

@@ -37,8 +37,11 @@ from runtime.kernels.kquants_int import KQ_DOT_NAMES, KQ_INT, KQ_INT_KIND, mm_kq
 from runtime.kernels.quantize import quantize_activations, quantize_activations_k
 from runtime.kernels.row_tiles import ROW_TYPES, arranged_rows, mm_rows, pads_lanes
 from runtime.kernels.sparse import decode_block_rows
+from runtime.kernels.type_traits import names
 
-INT8_TYPES = B32  # 32-value block types with an int8-activation kernel (Q8_0 activation blocks)
+# 32-value block types with an int8-activation kernel (Q8_0 / Q8_1 activation blocks)
+INT8_TYPES = names("b32", by="int8_kind")
+assert INT8_TYPES == B32  # mm_b32_int8 takes mm_b32's kinds
 INT8_ALL = B32 + KQ_INT  # every type with an int8 kernel (``mm_block_int8``); the rest run float
 INT8_DEFAULT = frozenset(INT8_ALL)  # the types "int8" runs int8 (all that have a kernel)
 
@@ -53,7 +56,8 @@ def mm_block(fmt, W, X, rows, Y):
         mm_kq(W, X, xsum(X, KQ_XSUM[fmt]) if fmt in KQ_XSUM else X, rows, Y, KQ_KIND[fmt])
 
 
-BLOCK_TYPES = B32 + KQ_TYPES  # every type mm_block runs
+BLOCK_TYPES = names(("b32", "kq"))  # every type mm_block runs (every block row of type_traits)
+assert BLOCK_TYPES == B32 + KQ_TYPES
 
 
 def _quantized(X, how, arith: Arithmetic):  # how: "k" (Q8_K), False (Q8_0) or True (Q8_1)

@@ -36,14 +36,16 @@ from runtime.kernels.ir_helpers import fma32
 from runtime.kernels.kq_row_tiles import scale_min_k4
 from runtime.kernels.kq_tiles import f16_le
 from runtime.kernels.kquants import Q4K_QS, Q4K_SCALES, Q5K_QH, Q5K_QS, Q6K_D, Q6K_QH, Q6K_SCALES
+from runtime.kernels.type_traits import names
 
-GGML_KQ_TYPES = ("q4_k", "q6_k", "q5_k")  # one-token K-quant dot products mirrored here
+# the rows of runtime.kernels.type_traits with a ``ggml_kind``, in that kind's order
+GGML_KQ_TYPES = names("kq", by="ggml_kind")  # one-token K-quant dot products mirrored here
 GGML_KQ_KIND = {t: i for i, t in enumerate(GGML_KQ_TYPES)}
 # 32-value types whose blockwise kernel (blocks32.BLOCKWISE's order: each block's signed integer
 # dot in 8 int32 lanes, one fma per block, then hsum) is llama.cpp's for any number of tokens
 # (vec_dot_*_q8_0 and tinyBLAS_Q0_AVX alike). Q8_0's default kernel already sums so; Q4_0 and
 # Q5_0 get blockwise twins here (their default quad kernels add the offset as a float term).
-GGML_B32_TYPES = ("q8_0", "q4_0", "q5_0")
+GGML_B32_TYPES = names("b32", by="ggml_kind")
 GGML_B32_KIND = {t: i for i, t in enumerate(GGML_B32_TYPES)}
 dot4i_q4_0_ggml, dot4i_q5_0_ggml = dot4_b32_int("q4_0", blockwise=True), dot4_b32_int("q5_0", blockwise=True)
 _F32 = np.float32

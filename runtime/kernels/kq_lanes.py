@@ -25,15 +25,17 @@ from runtime.kernels.kquants import (
     Q6K_QH,
     Q6K_SCALES,
 )
+from runtime.kernels.type_traits import TYPE_TRAITS, names
 
-KQ_TILES = ("q4_k", "q5_k", "q6_k")
-B32_TILES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # a lane per block (IQ4_NL: the float32 GEMM)
+# the types whose rows in runtime.kernels.type_traits take the "lanes" tile form
+KQ_TILES = names("kq", tile="lanes")
+B32_TILES = names("b32", tile="lanes")  # a lane per block (IQ4_NL: the float32 GEMM)
 TILE_TYPES = KQ_TILES + B32_TILES
-LANE_VALUES = {"q4_k": 32, "q5_k": 32, "q6_k": 16, **{t: 32 for t in B32_TILES}}  # G: values per lane (per scale)
+LANE_VALUES = {t: TYPE_TRAITS[t].scale_values for t in TILE_TYPES}  # G: values per lane (per scale)
 TILE_KIND = {t: i for i, t in enumerate(TILE_TYPES)}
 TILE_BYTES = {**KQ_BYTES, **B32_BYTES}  # bytes per (super-)block
 # quants stored signed, activations plus 128 (no offset term in floats); the rest are affine
-SIGNED = frozenset({"q6_k", "q8_0", "q4_0", "q5_0"})
+SIGNED = frozenset(t for t in TILE_TYPES if not TYPE_TRAITS[t].affine)
 
 LANES = 16  # lanes per unit (one 64-byte vector of 32-bit words)
 

@@ -60,10 +60,12 @@ from runtime.kernels.kquants import (
     Q6K_SCALES,
 )
 from runtime.kernels.quantize import LO_STEPS, residual_plane
+from runtime.kernels.type_traits import TYPE_TRAITS, names
 
-KQ_ROW_TYPES = ("q4_k", "q5_k", "q6_k")
+KQ_ROW_TYPES = names("kq", tile="kq_rows")  # runtime.kernels.type_traits' rows taking these tiles
 KQ_ROW_KIND = {t: i for i, t in enumerate(KQ_ROW_TYPES)}
-SUBBLOCKS = (8, 8, 16)  # sub-blocks per super-block, by kind (one scale each)
+# sub-blocks per super-block, by kind (one scale each)
+SUBBLOCKS = tuple(TYPE_TRAITS[t].subblocks for t in KQ_ROW_TYPES)
 LANES16 = 16  # rows per group: the lanes of a vector of int32 sums
 KQ_TOKENS = 8  # tokens per tile: 8 int32 sums and 8 float accumulators in registers
 SB_WORDS = QK_K // 4  # 4-byte words per super-block

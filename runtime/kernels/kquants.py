@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from aios.quant import QK_K, block_size, type_size
+from aios.quant import QK_K, block_size
 from runtime.kernels.blocks32 import lookup16, nibbles
 from runtime.kernels.groups import group4, row_count, store_group
 from runtime.kernels.ir_helpers import (
@@ -40,6 +40,7 @@ from runtime.kernels.ir_helpers import (
     u8_at,
     vload,
 )
+from runtime.kernels.type_traits import TYPE_TRAITS, names
 
 # --- K-quants: 256-value super-blocks (Q2_K 84 B, Q3_K 110 B, Q4_K 144 B, Q5_K 176 B, Q6_K 210 B,
 # IQ4_XS 136 B per block) ----------------------------------------------------------------------
@@ -47,8 +48,8 @@ from runtime.kernels.ir_helpers import (
 # are unpacked with scalar integer ops, the quants 32 at a time as vectors. Affine types (Q2_K,
 # Q4_K, Q5_K) add −dmin·m·Σx per sub-block from ``xs`` (Σx per sub-block, computed once per
 # call and shared by every row).
-KQ_TYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
-KQ_BYTES = {t: type_size(t) for t in KQ_TYPES}  # bytes per super-block
+KQ_TYPES = names("kq")  # rows of runtime.kernels.type_traits; their order is mm_kq's kind
+KQ_BYTES = {t: TYPE_TRAITS[t].block_bytes for t in KQ_TYPES}  # bytes per super-block
 assert all(block_size(t) == QK_K for t in KQ_TYPES)
 # Byte offsets inside one super-block: layout facts of ggml's structs (ggml-common.h),
 #   block_q4_K {half d; half dmin; uint8 scales[12]; uint8 qs[QK_K/2]}
@@ -259,7 +260,8 @@ dot4_q5_k, dot4_q6_k, dot4_iq4_xs = _dot4_kq("q5_k"), _dot4_kq("q6_k"), _dot4_kq
 
 
 KQ_KIND = {fmt: i for i, fmt in enumerate(KQ_TYPES)}  # the run-time ``kind`` of mm_kq
-KQ_XSUM = {"q2_k": QK_K // 16, "q4_k": QK_K // 8, "q5_k": QK_K // 8}  # values per Σx (affine types)
+# values per Σx (the affine types': their sub-blocks' values)
+KQ_XSUM = {t: TYPE_TRAITS[t].scale_values for t in KQ_TYPES if TYPE_TRAITS[t].affine}
 
 
 @njit(parallel=True, fastmath=True, cache=True)

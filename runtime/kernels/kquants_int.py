@@ -59,6 +59,7 @@ from runtime.kernels.kquants import (
     Q6K_QH,
     Q6K_SCALES,
 )
+from runtime.kernels.type_traits import names
 
 # --- K-quants with int8 activations (Q2_K, Q4_K, Q5_K, Q6_K, IQ4_XS): llama.cpp's Q8_K scheme --
 # Each activation row is quantized once per matmul to 256-value blocks (``quantize_q8_k``, ggml's
@@ -73,7 +74,7 @@ from runtime.kernels.kquants import (
 # super-block and row; the minimum / offset terms come from the bsums (one pmaddwd).
 
 
-KQ_INT = ("q4_k", "q5_k", "q6_k", "iq4_xs", "q2_k", "q3_k")  # K-quants with an int8-activation kernel
+KQ_INT = names("kq", by="int8_kind")  # K-quants with an int8-activation kernel (mm_kq_int8's kinds)
 KQ_DOT_NAMES = {"avx512vnni": "AVX-512 pmaddubsw + VNNI vpdpwssd", "avxvnni": "AVX2 pmaddubsw + pmaddwd",
                 "avx2": "AVX2 pmaddubsw + pmaddwd", "generic": "portable integer IR"}  # as arithmetic_label says
 

@@ -47,8 +47,9 @@ from runtime.kernels.ir_helpers import (
 )
 from runtime.kernels.kq_tiles import TILE_KIND, reused_buffer, units, unpack_b32_rows
 from runtime.kernels.quantize import LO_STEPS, residual_plane
+from runtime.kernels.type_traits import names
 
-ROW_TYPES = ("q8_0", "q4_0", "q5_0")  # kq_tiles' SIGNED 32-value blocks
+ROW_TYPES = names(tile="rows")  # kq_tiles' SIGNED 32-value blocks (type_traits' "rows" form)
 GROUP_ROWS = 16  # rows per group: the lanes of a vector of int32 sums
 TOKENS = 8  # tokens per tile: 8 float accumulators, 8 weight vectors, scales and starts in registers
 WORDS = 8  # 4-byte words per 32-value block

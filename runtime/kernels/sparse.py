@@ -57,6 +57,7 @@ from runtime.kernels.kquants import (
     Q6K_QH,
     Q6K_SCALES,
 )
+from runtime.kernels.type_traits import TYPE_TRAITS
 
 SPARSE_CHUNKS = 8  # partial sums per sparse down-projection call: balances two to eight threads
 
@@ -170,7 +171,8 @@ def _sparse_lut_cols(Wt, lut, a, active, y):
 SPARSE_B = B32 + KQ_TYPES  # = dispatch.BLOCK_TYPES; the order of the ``kind`` branches and of the names below
 assert SPARSE_B == ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
 SPARSE_B_KIND = {fmt: i for i, fmt in enumerate(SPARSE_B)}  # the run-time ``kind`` of _sparse_block_rows
-SPARSE_B_VALUES = np.array([block_size(t) for t in SPARSE_B], np.int64)  # values per (super-)block
+# values per (super-)block
+SPARSE_B_VALUES = np.array([TYPE_TRAITS[t].block_values for t in SPARSE_B], np.int64)
 
 
 def _axpy_groups(fmt, b, p, base, coef):
