@@ -18,6 +18,7 @@ from convert.gguf import OUTTYPES
 from convert.lowrank.config import BASE_TYPES, FACTOR_TYPES, METHODS, RESIDUALS
 from convert.relufication.config import DEVICES, RelufyConfig
 from convert.sparsify.config import ALLOCATIONS as SPARSIFY_ALLOCATIONS
+from convert.sparsify.config import SCOPES as SPARSIFY_SCOPES
 from convert.sparsify.config import SITES as SPARSIFY_SITES
 from convert.sparsity_map import MODES as SPARSITY_MODES
 
@@ -245,8 +246,9 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
 @click.argument("model")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
               help="Output .gguf: MODEL's tensors unchanged plus the aios.ffn_threshold.* keys.")
-@click.option("--target", type=float, default=None,
-              help="Mean FFN zero fraction over layers on the calibration tokens  [default: 0.5].")
+@click.option("--target", default=None,
+              help="Mean FFN zero fraction over layers on the calibration tokens  [default: 0.5]; or r1: "
+                   "the contract's R1 (70 %) with a margin measured on held-out texts.")
 @click.option("--max-ppl-ratio", type=float, default=None,
               help="Instead of --target: the sparsest thresholds whose calibration perplexity ratio stays "
                    "within this (e.g. 1.05).")
@@ -254,6 +256,9 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
               help="What is cut: down_in = the down projection's input (skips down rows; the default: "
                    "least perplexity per zero), gate = |act(gate)| weighted per neuron (gated FFNs; skips up "
                    "and down rows: twice the bytes, more perplexity).")
+@click.option("--scope", type=click.Choice(SPARSIFY_SCOPES), default="ffn", show_default=True,
+              help="ffn: the FFN's site alone; all: also the inputs of q/k/v, of the attention output and of "
+                   "gate/up, each layer and site at the target (TEAL-style; aios.input_threshold.* keys).")
 @click.option("--allocation", type=click.Choice(SPARSIFY_ALLOCATIONS), default="uniform", show_default=True,
               help="uniform: every layer at the target (measured best on the real Gemma 3 270M); greedy: "
                    "per-layer levels by each layer's measured KL (3 forward passes per layer).")
@@ -267,7 +272,7 @@ def sparsity_map_command(model: str, calibration: str | None, mode: str, budget:
                    "aios-run --mode sparse skips zeroed neurons' rows in quantized files.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def sparsify_command(model: str, out: str, target: float | None, max_ppl_ratio: float | None, site: str | None,
-                     allocation: str, calibration: str | None, tokens: int, heldout_tokens: int,
+                     scope: str, allocation: str, calibration: str | None, tokens: int, heldout_tokens: int,
                      sparse_down: bool, as_json: bool) -> None:
     """Zero FFN activations below calibrated per-layer thresholds (CATS/TEAL-style, no training).
 
@@ -277,11 +282,23 @@ def sparsify_command(model: str, out: str, target: float | None, max_ppl_ratio: 
     from convert.sparsify import SparsifyConfig, sparsify
     from convert.sparsify.cli import render_sparsify, sparsify_progress
 
+    from aios.errors import UsageError
+
+    aim_r1 = str(target).lower() == "r1"
     if target is None and max_ppl_ratio is None:
         target = 0.5
-    cfg = SparsifyConfig(target=target, max_ppl_ratio=max_ppl_ratio, site=site, allocation=allocation,
+    elif aim_r1:
+        from convert.sparsify.config import R1_FLOOR, R1_MARGIN
+
+        target = R1_FLOOR + R1_MARGIN  # the start; raised until held-out texts measure it
+    elif target is not None:
+        try:
+            target = float(target)
+        except ValueError:
+            raise UsageError(f"--target is a zero fraction between 0 and 1 or r1; got {target!r}.") from None
+    cfg = SparsifyConfig(target=target, aim_r1=aim_r1, max_ppl_ratio=max_ppl_ratio, site=site, allocation=allocation,
                          calibration=calibration, tokens=tokens, heldout_tokens=heldout_tokens,
-                         sparse_down=sparse_down)
+                         sparse_down=sparse_down, scope=scope)
     result = sparsify(model, out, cfg, progress=sparsify_progress())
     for w in result.warnings:
         warn(w)

@@ -48,11 +48,14 @@ class BlockGraph:
     post_norms: bool  # each branch's output normed before the residual add (Gemma 2/3)
     gated_ffn: bool  # act(gate) · up, a separate ffn_gate matrix
     fused_gate_up: bool  # gate and up stored as one matrix (Phi-3)
+    # calibrated activation cuts in this layer (runtime/thresholds.py): the input sites
+    # ("attn_in", "attn_out", "ffn_in") and the FFN's ("gate" or "down_in")
+    cuts: tuple[str, ...] = ()
 
 
-def block_graph(hp, L: dict, layer: int) -> BlockGraph:
-    """Layer ``layer``'s facts from the hyperparameters ``hp`` (its architecture row ``hp.graph``)
-    and the layer's tensors ``L``."""
+def block_graph(hp, L: dict, layer: int, cuts: tuple[str, ...] = ()) -> BlockGraph:
+    """Layer ``layer``'s facts from the hyperparameters ``hp`` (its architecture row ``hp.graph``),
+    the layer's tensors ``L`` and the sites its calibrated thresholds cut (``cuts``)."""
     g = hp.graph
     local = bool(hp.swa_layers[layer]) if hp.swa_layers else False
     return BlockGraph(
@@ -61,7 +64,7 @@ def block_graph(hp, L: dict, layer: int) -> BlockGraph:
         ffn_norm=g.parallel_ffn_norm if g.parallel_attn_default else "ffn_norm",
         fused_qkv=g.fused_qkv, qk_norm=g.qk_norm, rope=g.rope, q_prescale=g.q_prescale,
         window=hp.window if local else 0, local_rope=local, attn_softcap=float(hp.attn_softcap or 0.0),
-        post_norms=g.post_norms, gated_ffn="ffn_gate.weight" in L, fused_gate_up=g.fused_gate_up)
+        post_norms=g.post_norms, gated_ffn="ffn_gate.weight" in L, fused_gate_up=g.fused_gate_up, cuts=tuple(cuts))
 
 
 ANY = None  # a fact whose every value the form implements
@@ -69,10 +72,10 @@ ANY = None  # a fact whose every value the form implements
 # (``parallel_block``, ``float_parallel_block``) implement: a set of values, or ANY
 _SEQUENTIAL = dict(norm={"rms"}, norm_bias={False}, parallel={False}, ffn_norm={"ffn_norm"}, fused_qkv={False},
                    qk_norm=ANY, rope=ANY, q_prescale=ANY, window=ANY, local_rope=ANY, attn_softcap=ANY,
-                   post_norms={False}, gated_ffn={True}, fused_gate_up={False})
+                   post_norms={False}, gated_ffn={True}, fused_gate_up={False}, cuts={()})
 _PARALLEL = dict(norm={"layer"}, norm_bias=ANY, parallel={True}, ffn_norm=ANY, fused_qkv={True},
                  qk_norm={False}, rope=ANY, q_prescale=ANY, window=ANY, local_rope=ANY, attn_softcap=ANY,
-                 post_norms={False}, gated_ffn={False}, fused_gate_up={False})
+                 post_norms={False}, gated_ffn={False}, fused_gate_up={False}, cuts={()})
 # (path, form) -> facts: the ggml path's int8 blocks compute ggml's SiLU / tanh GELU (an fp16
 # table); the float path's the checkpoint's SiLU or erf GELU ("gelu")
 FORMS = {

@@ -25,7 +25,7 @@ class CompiledRoutes:
         decode step can run its blocks compiled: ``fused_glue``, dense mode, no hooks watching
         the FFN. The ggml path's blocks (int8 kernels) or the float path's (F16/BF16 matrices).
         Gathered once per arithmetic."""
-        if not (self.fused_glue and self.mode == "dense" and self.thresholds is None and a.name != "llamacpp"
+        if not (self.fused_glue and self.mode == "dense" and a.name != "llamacpp" and self.input_hook is None
                 and self.ffn_input_hook is None and self.ffn_act_hook is None):
             return None
         arith = a.name

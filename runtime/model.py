@@ -73,8 +73,10 @@ class Model(AttentionRoute, CompiledRoutes):
         gguf_checks.check_hparams(store, arch, self.path)  # a lying file: one sentence, exit 4
         self.hp = hp = read_hparams(store, row, n_ctx)
         # calibrated per-layer cuts (aios-convert sparsify): part of the model, applied in every mode
-        self.thresholds = thresholds.read(store, hp.n_layers, hp.d_ffn, row.gated_ffn, self.path)
-        if mode != "dense" and hp.activation not in RELU_FAMILY and self.thresholds is None:
+        self._thresholds = thresholds.read(store, hp.n_layers, hp.d_ffn, row.gated_ffn, self.path)
+        # calibrated cuts of the projections' inputs (aios-convert sparsify --scope all), in every mode
+        self._input_cuts = thresholds.read_inputs(store, hp.n_layers, self.path)
+        if mode != "dense" and hp.activation not in RELU_FAMILY and self._thresholds is None:
             raise UsageError(
                 f"--mode {mode} needs a ReLU-family activation; this model runs '{hp.activation}', "
                 "which never produces exact zeros. Relufy it (aios-convert relufy) or add calibrated "
@@ -90,7 +92,8 @@ class Model(AttentionRoute, CompiledRoutes):
         self.pos_embd = from_gguf_tensor(t["position_embd.weight"]) if row.rope is None else None
         self.layers = [self._layer(t, i) for i in range(hp.n_layers)]
         # each layer's graph facts, read by every route (runtime/block_graph.py)
-        self.blocks: list[BlockGraph] = [block_graph(hp, L, i) for i, L in enumerate(self.layers)]
+        self.blocks: list[BlockGraph] = []
+        self._regraph()
         # FFN matrices with an int8 kernel: under the int8 arithmetic the activation is ggml's too
         self._int8_weights = any(getattr(p, "kind", "").lower() in kernels.INT8_DEFAULT
                                  for L in self.layers for op in L.values() if hasattr(op, "parts")
@@ -98,6 +101,7 @@ class Model(AttentionRoute, CompiledRoutes):
         self.counter = ByteCounter()
         self.ffn_input_hook = None  # callable(layer, h): sees every FFN input (predictor fitting)
         self.ffn_act_hook = None  # callable(layer, a): sees the down projection's input (R1 counts)
+        self.input_hook = None  # callable(layer, site, x): sees each INPUT_SITES input before its cut
         self.predictor = None
         self.pred_stats = {"fired": 0, "missed": 0, "predicted": 0, "rows": 0}
         # predict mode: also compute the true activations of each decode step to count the
@@ -138,6 +142,40 @@ class Model(AttentionRoute, CompiledRoutes):
         self._plans_arith = None  # the arithmetic they were gathered for
         self._step = None  # (the plan list, decode_block.step's call or None): see _compiled_step
         self._no_rest = np.zeros((0, hp.d_model), np.float32)
+
+    # --- the graph's cuts: part of each layer's BlockGraph, so every route follows a change -----
+    def _regraph(self) -> None:
+        """Each layer's graph facts (runtime/block_graph.py), gathered again after a cut changes."""
+        ffn = (self._thresholds.site,) if self._thresholds is not None else ()
+        inputs = self._input_cuts.sites if self._input_cuts is not None else (lambda i: ())
+        self.blocks = [block_graph(self.hp, L, i, inputs(i) + ffn) for i, L in enumerate(self.layers)]
+        self._plans = self._step = None
+
+    @property
+    def thresholds(self) -> thresholds.FfnThresholds | None:
+        """The FFN cut (runtime/thresholds.py); None: none. Settable (sparsify's calibration)."""
+        return self._thresholds
+
+    @thresholds.setter
+    def thresholds(self, value: thresholds.FfnThresholds | None) -> None:
+        self._thresholds = value
+        self._regraph()
+
+    @property
+    def input_cuts(self) -> thresholds.InputThresholds | None:
+        """The cuts of the projections' inputs (runtime/thresholds.py); None: none. Settable."""
+        return self._input_cuts
+
+    @input_cuts.setter
+    def input_cuts(self, value: thresholds.InputThresholds | None) -> None:
+        self._input_cuts = value
+        self._regraph()
+
+    def _site(self, x: np.ndarray, layer: int, site: str, g: BlockGraph) -> np.ndarray:
+        """A projection input at ``site``: shown to ``input_hook``, cut where the layer's graph says."""
+        if self.input_hook is not None:
+            self.input_hook(layer, site, x)
+        return self._input_cuts.cut(x, layer, site) if site in g.cuts else x
 
     # --- loading ---------------------------------------------------------------------
     def _layer(self, t: dict, i: int) -> dict:
@@ -370,7 +408,7 @@ class Model(AttentionRoute, CompiledRoutes):
         # a prompt's logits are its last token's: the last block's queries, output and FFN for
         # that token only (llama.cpp does the same), unless a hook wants every token's FFN
         last_only = (T > 1 and not all_logits and self.mode == "dense"
-                     and self.ffn_input_hook is None and self.ffn_act_hook is None)
+                     and self.ffn_input_hook is None and self.ffn_act_hook is None and self.input_hook is None)
         for i, L in enumerate(self.layers):
             g = self.blocks[i]  # the layer's graph facts, as the compiled blocks read them
             last = last_only and i == hp.n_layers - 1  # the last query alone (attention_gemm)
@@ -380,13 +418,14 @@ class Model(AttentionRoute, CompiledRoutes):
                 self.ffn_nnz += nnz
                 continue
             x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"), a, g.norm)
+            hq = self._site(h, i, "attn_in", g)
             if g.fused_qkv:
-                qkv = self._mm(L["attn_qkv.weight"], h, i, a, bias=L.get("attn_qkv.bias"))
+                qkv = self._mm(L["attn_qkv.weight"], hq, i, a, bias=L.get("attn_qkv.bias"))
                 q = qkv[:, : hp.n_heads * hp.head_dim]
                 k = qkv[:, hp.n_heads * hp.head_dim : (hp.n_heads + hp.n_kv) * hp.head_dim]
                 v = qkv[:, (hp.n_heads + hp.n_kv) * hp.head_dim :]
             else:
-                q, k, v = self._mm_shared(L, ("attn_q", "attn_k", "attn_v"), h, i, a)
+                q, k, v = self._mm_shared(L, ("attn_q", "attn_k", "attn_v"), hq, i, a)
             q = q.reshape(T, hp.n_heads, hp.head_dim)
             k = k.reshape(T, hp.n_kv, hp.head_dim)
             v = v.reshape(T, hp.n_kv, hp.head_dim)
@@ -401,17 +440,17 @@ class Model(AttentionRoute, CompiledRoutes):
                     k = self._rope(k, positions, a, g)
                 o = self._attention(i, q, k, v, positions, g, a, last, starts)
             x, h = (x[-1:], h[-1:]) if o.shape[0] < T else (x, h)  # the last query alone: one row on from here
-            attn = self._mm(L["attn_output.weight"], o, i, a, bias=L.get("attn_output.bias"))
+            attn = self._mm(L["attn_output.weight"], self._site(o, i, "attn_out", g), i, a, bias=L.get("attn_output.bias"))
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
                 attn = self._norm(attn, L["post_attention_norm.weight"], None, a, g.norm)
             if g.parallel:  # parallel attention and MLP on the same input x
                 if g.ffn_norm:  # the MLP's own norm of x (Falcon-40B's ln_mlp)
                     h = self._norm(x, L[f"{g.ffn_norm}.weight"], L.get(f"{g.ffn_norm}.bias"), a, g.norm)
-                ffn, nnz = self._ffn(L, h, i, a)
+                ffn, nnz = self._ffn(L, self._site(h, i, "ffn_in", g), i, a)
                 x, rest = x + attn, ffn  # (x + attn) + ffn, in that order
             else:
                 x, h2 = self._add_norm(x, attn, L[f"{g.ffn_norm}.weight"], L.get(f"{g.ffn_norm}.bias"), a, g.norm)
-                ffn, nnz = self._ffn(L, h2, i, a)
+                ffn, nnz = self._ffn(L, self._site(h2, i, "ffn_in", g), i, a)
                 if g.post_norms:
                     ffn = self._norm(ffn, L["post_ffw_norm.weight"], None, a, g.norm)
                 rest = ffn

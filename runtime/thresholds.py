@@ -15,6 +15,15 @@ Where the cut is made (``aios.ffn_threshold.site``):
              (plain MLPs) → 0. Only down rows are skipped (all of gate and up are read), but at
              one zero fraction it costs far less quality than ``gate`` (sparsify's default).
 
+The inputs of the other projections can be cut the same way (TEAL: every matrix input;
+``aios-convert sparsify --scope all``), one threshold per layer and site (``InputThresholds``):
+
+``attn_in``  the attention norm's output, the input q, k and v share
+``attn_out`` the attention output, the input of the output projection
+``ffn_in``   the FFN norm's output, the input gate and up share (a parallel block's MLP input)
+
+GGUF keys ``aios.input_threshold.<site>`` (float32 array, one value per layer; 0: no cut).
+
 GGUF keys (read here, written by ``convert/sparsify.py``):
 ``aios.ffn_threshold.site`` (string), ``aios.ffn_threshold.values`` (float32 array: one value per
 layer, or one per neuron, layer-major: ``n_layers × d_ffn``); the calibration's record lives beside them (``aios.ffn_threshold.*``) and is not read by
@@ -67,3 +76,43 @@ def read(store, n_layers: int, d_ffn: int, gated: bool, path: Path) -> FfnThresh
                                 f"{n_layers} × {d_ffn} (one per neuron) finite numbers ≥ 0; it has {shown}.")
     v = np.asarray(values, np.float32)
     return FfnThresholds(site, v if len(v) == n_layers else v.reshape(n_layers, d_ffn))
+
+
+INPUT_SITES = ("attn_in", "attn_out", "ffn_in")
+KEY_INPUT = "aios.input_threshold."  # + site: float32, one value per layer
+
+
+@dataclass(frozen=True)
+class InputThresholds:
+    """Per-site, per-layer cuts of the projections' inputs (``INPUT_SITES``)."""
+
+    values: dict  # site -> (n_layers,) float32 ≥ 0 (0: no cut)
+
+    def sites(self, layer: int) -> tuple[str, ...]:
+        """The sites cut in ``layer`` (INPUT_SITES order)."""
+        return tuple(s for s in INPUT_SITES if s in self.values and self.values[s][layer] > 0)
+
+    def cut(self, x: np.ndarray, layer: int, site: str) -> np.ndarray:
+        """A copy of ``x`` with every entry of magnitude below the site's threshold set to 0 (the
+        input may feed another site too: a parallel block's attention and MLP)."""
+        out = np.array(x, np.float32)
+        out[np.abs(out) < self.values[site][layer]] = 0
+        return out
+
+
+def read_inputs(store, n_layers: int, path: Path) -> InputThresholds | None:
+    """The file's input cuts (``aios.input_threshold.<site>``), None when it has none; one
+    sentence (exit 4) when they are unusable."""
+    values = {}
+    for site in INPUT_SITES:
+        v = store.field(KEY_INPUT + site)
+        if v is None:
+            continue
+        if (not isinstance(v, list) or len(v) != n_layers
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                           for x in v)):
+            shown = f"{len(v)} values" if isinstance(v, list) else repr(v)
+            raise InvalidModelError(f"{path}: '{KEY_INPUT + site}' must hold {n_layers} finite numbers ≥ 0 "
+                                    f"(one per layer); it has {shown}.")
+        values[site] = np.asarray(v, np.float32)
+    return InputThresholds(values) if values else None

@@ -29,7 +29,12 @@ Calibration, on the GGUF executed by aios-run (quantized weights in place, its o
 The report then measures, on held-out tokens calibration never saw: perplexity of the dense and
 the thresholded file in aios-run, and the exact-zero fraction of the down projections' inputs.
 
+``--scope all`` also cuts the inputs of q/k/v, of the attention output and of gate/up at the
+target (``sites``: per-site quantiles of |x|, runtime/thresholds.py ``InputThresholds``), and the
+report measures each site's held-out zeros and the model-wide fraction weighted by matrix bytes.
+
 Modules: ``config`` (options, result), ``measure`` (what is measured on the running model),
+``sites`` (the input sites of ``--scope all``),
 ``calibrate`` (steps 1-4), ``write`` (the output GGUF), ``cli`` (rendering); this package's
 root is the entry point: :func:`sparsify`, and the names its callers use.
 """
@@ -44,6 +49,7 @@ import numpy as np
 
 from convert.sparsify.calibrate import (
     Calibration,
+    aim_r1,
     allocate,
     bos_prefix,
     calibrate,
@@ -57,15 +63,18 @@ from convert.sparsify.config import (
     ALLOCATIONS,
     DEFAULT_SITE,
     KEY_PREFIX,
+    R1_FLOOR,
+    R1_MARGIN,
     Progress,
     SparsifyConfig,
     SparsifyResult,
 )
 from convert.sparsify.measure import LEVELS, SENSITIVITY_LEVELS, LayerCurve, nll
+from convert.sparsify.sites import model_wide, site_bytes
 from convert.sparsify.write import metadata, write_sparsified
-from runtime.thresholds import SITES, FfnThresholds
+from runtime.thresholds import SITES, FfnThresholds, InputThresholds
 
-__all__ = ["ALLOCATIONS", "DEFAULT_SITE", "KEY_PREFIX", "LEVELS", "SENSITIVITY_LEVELS", "SITES", "Calibration",
+__all__ = ["aim_r1", "ALLOCATIONS", "DEFAULT_SITE", "KEY_PREFIX", "LEVELS", "SENSITIVITY_LEVELS", "SITES", "Calibration",
            "LayerCurve", "Progress", "SparsifyConfig", "SparsifyResult", "allocate", "bos_prefix", "calibrate",
            "calibration_stream", "check_paths", "choose_target", "costs", "finish", "measure_heldout", "metadata",
            "sparsify", "windows", "write_sparsified"]
@@ -81,39 +90,48 @@ def sparsify(model_path: str | Path, output: str | Path, config: SparsifyConfig,
     cal = calibrate(src, config, progress)
     t0 = time.perf_counter()
     target, search = choose_target(cal, config, progress)
+    r1_rounds = None
+    if config.aim_r1:
+        target, r1_rounds = aim_r1(cal, config, progress)
     levels, cuts = cal.cuts_for(target, config)
+    inputs = cal.inputs_for(target)
     calibration = {
         **cal.source, "tokens_used": int(sum(len(w) for w in cal.wins)), "window": config.window,
         "allocation": config.allocation, "sensitivity_levels": list(SENSITIVITY_LEVELS),
-        "ppl_dense": round(math.exp(cal.base_nll / cal.n_scored), 4), "ppl_ratio": round(cal.ppl_ratio(cuts), 4),
+        "ppl_dense": round(math.exp(cal.base_nll / cal.n_scored), 4), "ppl_ratio": round(cal.ppl_ratio(cuts, inputs), 4),
         "sensitivity_kl": [None if c.sensitivity is None else [round(float(x), 6) for x in c.sensitivity]
                            for c in cal.curves], "target_search": search,
+        **({} if r1_rounds is None else {"r1_aim": {"floor": R1_FLOOR, "margin": R1_MARGIN, "texts": "aios/data/heldout.jsonl",
+                                                      "rounds": r1_rounds}}),
     }
     seconds = dict(cal.seconds, allocation=time.perf_counter() - t0)
-    return finish(cal, out, target, levels, cuts, calibration, config, seconds, progress, t_start)
+    return finish(cal, out, target, levels, cuts, calibration, config, seconds, progress, t_start, inputs)
 
 
 def finish(cal: Calibration, out: Path, target: float, levels: np.ndarray, cuts: FfnThresholds, calibration: dict,
-           config: SparsifyConfig, seconds: dict, progress: Progress | None, t_start: float) -> SparsifyResult:
-    """Measure the held-out figures of ``cuts`` and write the file."""
+           config: SparsifyConfig, seconds: dict, progress: Progress | None, t_start: float,
+           inputs: InputThresholds | None = None) -> SparsifyResult:
+    """Measure the held-out figures of ``cuts`` (and ``inputs``: --scope all) and write the file."""
     heldout = {}
     if config.heldout_tokens:
         t0 = time.perf_counter()
         if progress:
             progress("held-out perplexity and zeros", 0, 1)
-        heldout = measure_heldout(cal.model, cal.tokenizer, cal.prefix, cuts, config)
+        heldout = measure_heldout(cal.model, cal.tokenizer, cal.prefix, cuts, config, inputs=inputs)
         if progress:
             progress("held-out perplexity and zeros", 1, 1)
         seconds["heldout"] = time.perf_counter() - t0
     per_layer = cuts.values if cuts.values.ndim == 1 else np.median(cuts.values, axis=1)
     result = SparsifyResult(out, cal.site, round(target, 4), [round(float(x), 4) for x in levels],
                             [float(x) for x in per_layer], calibration, heldout, seconds,
-                            list(cal.warnings), per_neuron=cuts.values.ndim == 2)
+                            list(cal.warnings), per_neuron=cuts.values.ndim == 2, scope=config.scope,
+                            input_thresholds={} if inputs is None else
+                            {s: [float(x) for x in v] for s, v in inputs.values.items()})
     result.warnings.append("llama.cpp ignores aios.ffn_threshold.*: it runs this file as the dense "
                            f"'{cal.model.hp.activation}' model it came from, without the thresholds "
                            "(aios-run applies them)")
     t0 = time.perf_counter()
-    write_sparsified(cal.model.path, out, metadata(result, cuts, config), cal.model, config.sparse_down,
+    write_sparsified(cal.model.path, out, metadata(result, cuts, config, inputs), cal.model, config.sparse_down,
                      result.warnings)
     seconds["write"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_start
@@ -121,10 +139,12 @@ def finish(cal: Calibration, out: Path, target: float, levels: np.ndarray, cuts:
 
 
 def measure_heldout(model, tok, prefix: list[int], cuts: FfnThresholds, config: SparsifyConfig,
-                    dense_cache: dict | None = None) -> dict:
+                    dense_cache: dict | None = None, inputs: InputThresholds | None = None) -> dict:
     """Perplexity (dense and cut) and the cut model's exact-zero fraction of the down projections'
-    inputs, on the held-out pydoc split (never used by calibration). ``dense_cache``: a dict that
-    keeps the dense NLL between calls with the same model and settings (the curve benchmark)."""
+    inputs (and, with ``inputs``, of each input site's, and the model-wide fraction weighted by the
+    matrices' bytes), on the held-out pydoc split (never used by calibration). ``dense_cache``: a
+    dict that keeps the dense NLL between calls with the same model and settings (the curve
+    benchmark)."""
     from aios.evaluation import pydoc_split
 
     ts = pydoc_split(tok, "heldout")
@@ -140,14 +160,26 @@ def measure_heldout(model, tok, prefix: list[int], cuts: FfnThresholds, config: 
         zeros[layer] += int(np.count_nonzero(a == 0))
         seen[layer] += a.size
 
-    model.ffn_act_hook = hook
+    site_zeros = {s: np.zeros((2, model.hp.n_layers)) for s in ([] if inputs is None else inputs.values)}
+
+    def site_hook(layer: int, site: str, x: np.ndarray) -> None:  # the input before its cut: what the cut zeroes
+        if site in site_zeros:
+            site_zeros[site][:, layer] += (np.count_nonzero(np.abs(x) < inputs.values[site][layer]), x.size)
+
+    model.ffn_act_hook, model.input_hook = hook, site_hook
     try:
-        cut, _ = nll(model, wins, cuts, len(prefix))
+        cut, _ = nll(model, wins, cuts, len(prefix), inputs)
     finally:
-        model.ffn_act_hook = None
+        model.ffn_act_hook = model.input_hook = None
     frac = zeros / np.maximum(seen, 1)
-    return {**ts.describe(), "tokens_scored": n, "ppl_dense": round(math.exp(dense / n), 4),
-            "ppl_sparse": round(math.exp(cut / n), 4), "ppl_ratio": round(math.exp((cut - dense) / n), 4),
-            "mean_exact_zero_fraction": round(float(frac.mean()), 4),
-            "per_layer_exact_zero_fraction": [round(float(x), 4) for x in frac]}
+    out = {**ts.describe(), "tokens_scored": n, "ppl_dense": round(math.exp(dense / n), 4),
+           "ppl_sparse": round(math.exp(cut / n), 4), "ppl_ratio": round(math.exp((cut - dense) / n), 4),
+           "mean_exact_zero_fraction": round(float(frac.mean()), 4),
+           "per_layer_exact_zero_fraction": [round(float(x), 4) for x in frac]}
+    if site_zeros:
+        fractions = {s: float(z[0].sum() / max(z[1].sum(), 1)) for s, z in site_zeros.items()}
+        fractions[cuts.site] = float(frac.mean())
+        out["site_exact_zero_fraction"] = {s: round(f, 4) for s, f in fractions.items()}
+        out["model_wide_zero_fraction"] = round(model_wide(fractions, site_bytes(model)), 4)
+    return out
 

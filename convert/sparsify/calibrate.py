@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from aios.errors import InvalidModelError, UsageError
-from convert.sparsify.config import DEFAULT_SITE, Progress, SparsifyConfig
+from convert.sparsify.config import DEFAULT_SITE, R1_FLOOR, R1_MARGIN, Progress, SparsifyConfig
 from convert.sparsify.measure import (
     LEVELS,
     SENSITIVITY_LEVELS,
@@ -22,8 +22,10 @@ from convert.sparsify.measure import (
     nll,
     sensitivities,
     stack_thresholds,
+    zero_fraction,
 )
-from runtime.thresholds import FfnThresholds
+from convert.sparsify.sites import capture_site_magnitudes, input_cuts_at
+from runtime.thresholds import FfnThresholds, InputThresholds
 
 # --- token windows -----------------------------------------------------------------------
 
@@ -110,15 +112,27 @@ class Calibration:
     source: dict
     seconds: dict
     warnings: list[str]
+    site_cuts: dict | None = None  # --scope all: per input site, (layers, LEVELS) cut values
+
+    def inputs_for(self, target: float) -> InputThresholds | None:
+        """The input sites' cuts at ``target`` (every site and layer at it); None under --scope ffn."""
+        return None if self.site_cuts is None else input_cuts_at(self.site_cuts, target)
 
     def cuts_for(self, target: float, config: SparsifyConfig) -> tuple[np.ndarray, FfnThresholds]:
-        """(per-layer zero fractions, thresholds) for a mean zero fraction of ``target``."""
+        """(per-layer zero fractions, thresholds) for a mean zero fraction of ``target``: uniform,
+        every layer at ``target`` itself (cuts interpolated between the grid's quantiles);
+        greedy, grid levels whose mean reaches it."""
+        if config.allocation == "uniform":
+            frac = min(target, config.max_layer_sparsity)
+            return (np.full(len(self.curves), frac),
+                    FfnThresholds(self.site, stack_thresholds([c.thresholds_at(frac) for c in self.curves])))
         idx = allocate(self.cost, target, config.max_layer_sparsity, config.allocation)
         return LEVELS[idx], FfnThresholds(self.site, stack_thresholds([c.thresholds(k) for c, k in zip(self.curves, idx)]))
 
-    def ppl_ratio(self, cuts: FfnThresholds) -> float:
+    def ppl_ratio(self, cuts: FfnThresholds, inputs: InputThresholds | None = None) -> float:
         """Perplexity ratio (cut / dense) on the calibration tokens."""
-        return math.exp((nll(self.model, self.wins, cuts, len(self.prefix))[0] - self.base_nll) / self.n_scored)
+        total = nll(self.model, self.wins, cuts, len(self.prefix), inputs)[0]
+        return math.exp((total - self.base_nll) / self.n_scored)
 
 
 def check_paths(src: Path, out: Path) -> None:
@@ -147,10 +161,10 @@ def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = Non
     config.check(hp.graph.gated_ffn)
     site = config.site or DEFAULT_SITE[hp.graph.gated_ffn]
     warnings = []
-    if model.thresholds is not None:
-        warnings.append(f"{src.name} already has FFN thresholds ({model.thresholds.site}); "
-                        "they are recalibrated from the dense model and replaced")
-        model.thresholds = None
+    if model.thresholds is not None or model.input_cuts is not None:
+        warnings.append(f"{src.name} already has activation thresholds; they are recalibrated from the dense "
+                        "model and replaced")
+        model.thresholds = model.input_cuts = None
     tok = load_gguf_tokenizer(src)
     prefix = bos_prefix(tok)
     stream, source = calibration_stream(tok, config.calibration)
@@ -169,6 +183,13 @@ def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = Non
         H[layer] = None  # type: ignore[call-overload]  (freed as it goes)
         tell("calibration: per-layer cut curves", layer + 1, hp.n_layers)
     seconds["curves"] = time.perf_counter() - t0
+    site_cuts = None
+    if config.scope == "all":
+        t0 = time.perf_counter()
+        tell("calibration: attention and FFN inputs (--scope all)", 0, 1)
+        site_cuts = capture_site_magnitudes(model, wins)
+        tell("calibration: attention and FFN inputs (--scope all)", 1, 1)
+        seconds["input_sites"] = time.perf_counter() - t0
     if config.allocation == "greedy":
         t0 = time.perf_counter()
         sensitivities(model, windows(stream, config.sensitivity_tokens, config.window, prefix), curves, site,
@@ -180,7 +201,7 @@ def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = Non
     tell("calibration: dense perplexity", 1, 1)
     seconds["dense_ppl"] = time.perf_counter() - t0
     return Calibration(model, tok, prefix, site, curves, costs(curves), wins, base_nll, n_scored, source,
-                       seconds, warnings)
+                       seconds, warnings, site_cuts)
 
 
 def choose_target(cal: Calibration, config: SparsifyConfig, progress: Progress | None = None) -> tuple[float, list]:
@@ -191,7 +212,7 @@ def choose_target(cal: Calibration, config: SparsifyConfig, progress: Progress |
     lo, hi, best, search = 0.0, config.max_layer_sparsity, None, []
     for step in range(7):
         mid = (lo + hi) / 2
-        ratio = cal.ppl_ratio(cal.cuts_for(mid, config)[1])
+        ratio = cal.ppl_ratio(cal.cuts_for(mid, config)[1], cal.inputs_for(mid))
         search.append({"target": round(mid, 4), "calibration_ppl_ratio": round(ratio, 4)})
         lo, hi, best = (mid, hi, mid) if ratio <= config.max_ppl_ratio else (lo, mid, best)
         if progress:
@@ -202,3 +223,29 @@ def choose_target(cal: Calibration, config: SparsifyConfig, progress: Progress |
     return best, search
 
 
+
+
+def aim_r1(cal: Calibration, config: SparsifyConfig, progress: Progress | None = None) -> tuple[float, list]:
+    """``--target r1``: the target whose cut measures at least R1_FLOOR + R1_MARGIN exact zeros on
+    held-out texts calibration never saw (aios/data/heldout.jsonl, each text one window), with
+    the rounds tried: start there, then raise the target by each round's shortfall (4 rounds)."""
+    from aios.data import HELDOUT_FILE
+    from aios.evaluation import load_texts
+
+    body = config.window - len(cal.prefix)
+    wins = [cal.prefix + cal.tokenizer(t, add_special_tokens=False)["input_ids"][:body]
+            for t in load_texts(HELDOUT_FILE)]
+    wins = [w for w in wins if len(w) >= 2]
+    goal = R1_FLOOR + R1_MARGIN
+    target, rounds = goal, []
+    for r in range(4):
+        z = zero_fraction(cal.model, wins, cal.cuts_for(target, config)[1], cal.inputs_for(target))
+        rounds.append({"target": round(target, 4), "heldout_zero_fraction": round(z, 4)})
+        if progress:
+            progress("aiming at R1 on held-out texts", r + 1, 4)
+        if z >= goal - 1e-3 or target >= config.max_layer_sparsity:
+            break
+        target = min(target + goal - z, config.max_layer_sparsity)
+    if progress and r < 3:
+        progress("aiming at R1 on held-out texts", 4, 4)
+    return target, rounds

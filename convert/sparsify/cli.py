@@ -42,9 +42,18 @@ def render_sparsify(result: SparsifyResult, as_json: bool = False) -> None:
     console.print(t)
     console.print(f"calibration: {c['tokens_used']:,} tokens of {c['source']}; perplexity "
                   f"{c['ppl_dense']:.3f} dense, ratio {c['ppl_ratio']:.4f} with the thresholds")
+    if "r1_aim" in c:
+        a = c["r1_aim"]
+        tried = "; ".join(f"target {r['target']:.3f} → {r['heldout_zero_fraction']:.1%}" for r in a["rounds"])
+        console.print(f"--target r1: aimed at {a['floor'] + a['margin']:.0%} exact zeros on {a['texts']} "
+                      f"(R1's {a['floor']:.0%} plus a {a['margin']:.0%} margin): {tried}")
     if h:
         console.print(f"held-out (measured in aios-run, {h['tokens_scored']:,} tokens of {h['source']}): "
                       f"perplexity {h['ppl_dense']:.3f} → {h['ppl_sparse']:.3f} (ratio {h['ppl_ratio']:.4f}); "
                       f"exact zeros {h['mean_exact_zero_fraction']:.1%} of FFN activations")
+        if "model_wide_zero_fraction" in h:
+            sites = ", ".join(f"{s} {f:.1%}" for s, f in h["site_exact_zero_fraction"].items())
+            console.print(f"held-out exact zeros by input site: {sites}; model-wide (weighted by the bytes of "
+                          f"the matrices each input feeds) {h['model_wide_zero_fraction']:.1%}")
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items() if k != "total")
     console.print(f"wrote {result.output} in {result.seconds.get('total', 0):.1f} s ({secs})")

@@ -26,9 +26,15 @@ class LayerCurve:
 
     def thresholds(self, k: int) -> np.ndarray:
         """The magnitude cut at level ``k``: one value, or one per neuron (cut / weight)."""
+        return self.thresholds_at(float(LEVELS[k]))
+
+    def thresholds_at(self, frac: float) -> np.ndarray:
+        """The magnitude cut at zero fraction ``frac``: the quantiles of the grid interpolated
+        linearly between its levels (a grid level gives its own cut)."""
+        cut = np.float32(np.interp(frac, LEVELS, self.cuts))
         if self.weight is None:
-            return np.float32(self.cuts[k])
-        return (self.cuts[k] / self.weight).astype(np.float32)
+            return cut
+        return (cut / self.weight).astype(np.float32)
 
 
 # --- measurements on the running model ------------------------------------------------------
@@ -127,16 +133,39 @@ def layer_curve(model, layer: int, H: np.ndarray, site: str, sample: int = 1 << 
     return LayerCurve(cuts, np.maximum.accumulate(err), weight=weight)  # a deeper cut never costs less
 
 
+def zero_fraction(model, wins: list[list[int]], cuts: FfnThresholds, inputs=None) -> float:
+    """The exact-zero fraction of the down projections' inputs over ``wins`` with the cuts on
+    (every token, every layer), as R1 counts it."""
+    zeros = seen = 0
+
+    def hook(layer: int, a: np.ndarray) -> None:
+        nonlocal zeros, seen
+        zeros += int(np.count_nonzero(a == 0))
+        seen += a.size
+
+    model.ffn_act_hook, model.thresholds, model.input_cuts = hook, cuts, inputs
+    try:
+        for w in wins:
+            model.reset()
+            model.forward(w)
+    finally:
+        model.ffn_act_hook, model.thresholds, model.input_cuts = None, None, None
+        model.reset()
+    return zeros / max(seen, 1)
+
+
 def _log_probs(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z -= z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def nll(model, wins: list[list[int]], cuts: FfnThresholds | None, skip: int) -> tuple[float, int]:
-    """(total NLL in nats, tokens scored) of ``wins`` with ``cuts`` applied; the first ``skip``
-    tokens of each window (its BOS prefix) are context, not scored."""
+def nll(model, wins: list[list[int]], cuts: FfnThresholds | None, skip: int, inputs=None) -> tuple[float, int]:
+    """(total NLL in nats, tokens scored) of ``wins`` with ``cuts`` (and the input cuts ``inputs``,
+    runtime.thresholds.InputThresholds) applied; the first ``skip`` tokens of each window (its BOS
+    prefix) are context, not scored."""
     model.thresholds = cuts
+    model.input_cuts = inputs
     total, count = 0.0, 0
     try:
         for w in wins:
@@ -148,6 +177,7 @@ def nll(model, wins: list[list[int]], cuts: FfnThresholds | None, skip: int) -> 
             count += len(rows)
     finally:
         model.thresholds = None
+        model.input_cuts = None
         model.reset()
     return total, count
 

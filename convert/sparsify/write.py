@@ -13,15 +13,19 @@ import numpy as np
 
 from aios import __version__
 from convert.sparsify.config import KEY_PREFIX, SparsifyConfig, SparsifyResult
-from runtime.thresholds import KEY_SITE, KEY_VALUES, FfnThresholds
+from runtime.thresholds import KEY_INPUT, KEY_SITE, KEY_VALUES, FfnThresholds, InputThresholds
 
 
-def metadata(result: SparsifyResult, cuts: FfnThresholds, config: SparsifyConfig) -> dict[str, object]:
-    """The ``aios.ffn_threshold.*`` keys of the output file."""
+def metadata(result: SparsifyResult, cuts: FfnThresholds, config: SparsifyConfig,
+             inputs: InputThresholds | None = None) -> dict[str, object]:
+    """The ``aios.ffn_threshold.*`` keys of the output file (and ``aios.input_threshold.<site>``
+    with ``inputs``)."""
     cfg = asdict(config)
     if cfg["calibration"]:
         cfg["calibration"] = Path(cfg["calibration"]).name
+    sites = {} if inputs is None else {KEY_INPUT + s: [float(x) for x in v] for s, v in inputs.values.items()}
     return {
+        **sites,
         KEY_SITE: result.site,
         KEY_VALUES: np.ravel(cuts.values).astype(np.float32).tolist(),
         KEY_PREFIX + "layer_sparsity": [float(x) for x in result.layer_sparsity],
@@ -55,7 +59,8 @@ def write_sparsified(src: Path, out: Path, meta: dict[str, object], model, spars
             tensors.append(RawTensor(name, _elem_shape(t), gguf.GGMLQuantizationType[typ], arr))
         else:
             tensors.append(RawTensor.copied(src, t))
-    rewrite_gguf(reader, out, tensors, extra, skip=lambda key: key.startswith(KEY_PREFIX) or key in extra)
+    rewrite_gguf(reader, out, tensors, extra,
+                 skip=lambda key: key.startswith((KEY_PREFIX, KEY_INPUT)) or key in extra)
 
 
 def _elem_shape(t) -> tuple[int, int]:

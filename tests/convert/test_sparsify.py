@@ -223,3 +223,72 @@ def test_cli_json(ggufs, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["target"] == 0.4 and d["site"] == "down_in" and out.is_file()
+
+
+# --- --scope all: the inputs of every projection ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_all(ggufs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sparsify-all") / "llama-all.gguf"
+    return sparsify(ggufs[("tiny-llama", "q8_0")], out, SparsifyConfig(target=0.5, scope="all", **SMALL))
+
+
+def test_scope_all_cuts_every_input_site_and_measures_them_held_out(ggufs, llama_all):
+    from runtime.model import Model
+    from runtime.thresholds import INPUT_SITES
+
+    src_t, _ = _tensors(ggufs[("tiny-llama", "q8_0")])
+    out_t, r = _tensors(llama_all.output)
+    assert src_t == out_t  # the weights as they were
+    for site in INPUT_SITES:
+        v = r.get_field(f"aios.input_threshold.{site}").contents()
+        assert len(v) == 6 and all(x > 0 for x in v) and v == pytest.approx(llama_all.input_thresholds[site])
+    h = llama_all.heldout
+    assert set(h["site_exact_zero_fraction"]) == {*INPUT_SITES, "down_in"}
+    for site, f in h["site_exact_zero_fraction"].items():  # measured on held-out text, near the target
+        assert abs(f - 0.5) < 0.15, (site, f)
+    assert abs(h["model_wide_zero_fraction"] - 0.5) < 0.15
+    ids = list(range(5, 29))
+    m = Model(llama_all.output, arithmetic="int8")
+    assert m.input_cuts is not None and all(g.cuts == (*INPUT_SITES, "down_in") for g in m.blocks)
+    cut = m.forward(ids, all_logits=True)
+    m.input_cuts = None  # the FFN cut alone
+    m.reset()
+    assert not np.array_equal(cut, m.forward(ids, all_logits=True))
+
+
+def test_unusable_input_thresholds_are_refused(llama_all, tmp_path):
+    from convert.gguf import RawTensor, rewrite_gguf
+    from runtime.model import Model
+
+    r = gguf.GGUFReader(str(llama_all.output))
+    out = tmp_path / "lying.gguf"
+    key = "aios.input_threshold.attn_in"
+    rewrite_gguf(r, out, [RawTensor.copied(llama_all.output, t) for t in r.tensors], {key: [0.1, -1.0]},
+                 skip=lambda k: k == key)
+    with pytest.raises(InvalidModelError, match=key):
+        Model(out, arithmetic="int8")
+    with pytest.raises(UsageError, match="--scope"):
+        SparsifyConfig(scope="attention").check(gated=True)
+
+
+def test_target_r1_aims_above_the_floor_on_held_out_texts(ggufs, tmp_path):
+    import json as _json
+    from pathlib import Path
+
+    import contract
+    from convert.sparsify.config import R1_FLOOR, R1_MARGIN
+
+    spec = _json.loads((Path(contract.__file__).parent / "spec" / "contract-1.0.json").read_text())
+    assert spec["requirements"]["R1"]["min_mean_zero_fraction"] == R1_FLOOR  # the contract's own floor
+    out = tmp_path / "r1.gguf"
+    r = CliRunner().invoke(main, ["sparsify", str(ggufs[("tiny-llama", "f32")]), "-o", str(out), "--target", "r1",
+                                  "--tokens", "192", "--heldout-tokens", "0", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    aim = _json.loads(r.stdout)["calibration"]["r1_aim"]
+    last = aim["rounds"][-1]
+    assert last["heldout_zero_fraction"] >= R1_FLOOR + R1_MARGIN - 1e-3  # measured, on texts calibration never saw
+    assert aim["rounds"][0]["target"] == pytest.approx(R1_FLOOR + R1_MARGIN)
+    r = CliRunner().invoke(main, ["sparsify", str(ggufs[("tiny-llama", "f32")]), "-o", str(out), "--target", "most"])
+    assert r.exit_code == ExitCode.USAGE and "--target" in r.output and "Traceback" not in r.output

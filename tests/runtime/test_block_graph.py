@@ -19,6 +19,7 @@ import pytest
 from runtime import block_graph
 from runtime.block_graph import BlockGraph, compiled_form
 from runtime.model import Model
+from runtime.thresholds import INPUT_SITES, InputThresholds
 from runtime.weights import Matrix
 from tests.runtime.test_decode_block import _dims, _export
 
@@ -63,6 +64,11 @@ def _fused_qkv(m):
     _row(m, fused_qkv=True)
 
 
+def _cuts(m):  # every input site cut (aios-convert sparsify --scope all)
+    n = m.hp.n_layers
+    m.input_cuts = InputThresholds({s: np.full(n, 0.3, np.float32) for s in INPUT_SITES})
+
+
 def _not_gated(m):
     for L in m.layers:
         L.pop("ffn_gate.weight")
@@ -85,6 +91,7 @@ RECIPES = {
     "fused_qkv": (_fused_qkv, False),
     "gated_ffn": (_not_gated, True),
     "fused_gate_up": (lambda m: _row(m, fused_gate_up=True), False),
+    "cuts": (_cuts, True),
 }
 # model facts outside the blocks: the embedding scale (before every route), the final soft cap (after)
 MODEL_RECIPES = {
@@ -95,8 +102,7 @@ MODEL_RECIPES = {
 
 
 def _regraph(m: Model) -> None:
-    m.blocks = [block_graph.block_graph(m.hp, L, i) for i, L in enumerate(m.layers)]
-    m._plans = m._step = None
+    m._regraph()  # the model's own: the facts again from the row, hyperparameters, tensors and cuts
 
 
 def _decode(m: Model) -> np.ndarray:
