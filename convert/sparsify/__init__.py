@@ -94,13 +94,17 @@ def sparsify(model_path: str | Path, output: str | Path, config: SparsifyConfig,
     if config.aim_r1:
         target, r1_rounds = aim_r1(cal, config, progress)
     levels, cuts = cal.cuts_for(target, config)
-    inputs = cal.inputs_for(target)
+    inputs = cal.inputs_for(target, config)
     calibration = {
         **cal.source, "tokens_used": int(sum(len(w) for w in cal.wins)), "window": config.window,
         "allocation": config.allocation, "sensitivity_levels": list(SENSITIVITY_LEVELS),
         "ppl_dense": round(math.exp(cal.base_nll / cal.n_scored), 4), "ppl_ratio": round(cal.ppl_ratio(cuts, inputs), 4),
         "sensitivity_kl": [None if c.sensitivity is None else [round(float(x), 6) for x in c.sensitivity]
                            for c in cal.curves], "target_search": search,
+        **({} if cal.site_cuts is None else {
+            "site_fractions": {s: round(f, 4) for s, f in cal.fractions_for(target, config).items()},
+            "site_kl": None if cal.site_costs is None else {s: [round(float(x), 6) for x in v]
+                                                            for s, v in cal.site_costs.items()}}),
         **({} if r1_rounds is None else {"r1_aim": {"floor": R1_FLOOR, "margin": R1_MARGIN, "texts": "aios/data/heldout.jsonl",
                                                       "rounds": r1_rounds}}),
     }

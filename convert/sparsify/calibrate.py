@@ -24,7 +24,13 @@ from convert.sparsify.measure import (
     stack_thresholds,
     zero_fraction,
 )
-from convert.sparsify.sites import capture_site_magnitudes, input_cuts_at
+from convert.sparsify.sites import (
+    allocate_sites,
+    capture_site_magnitudes,
+    input_cuts_at,
+    site_bytes,
+    site_costs,
+)
 from runtime.thresholds import FfnThresholds, InputThresholds
 
 # --- token windows -----------------------------------------------------------------------
@@ -113,17 +119,31 @@ class Calibration:
     seconds: dict
     warnings: list[str]
     site_cuts: dict | None = None  # --scope all: per input site, (layers, LEVELS) cut values
+    site_costs: dict | None = None  # --scope all, greedy: per site (the FFN's too), KL at SITE_LEVELS
+    site_bytes: dict | None = None  # per site, the bytes of the matrices that read it
 
-    def inputs_for(self, target: float) -> InputThresholds | None:
-        """The input sites' cuts at ``target`` (every site and layer at it); None under --scope ffn."""
-        return None if self.site_cuts is None else input_cuts_at(self.site_cuts, target)
+    def fractions_for(self, target: float, config: SparsifyConfig) -> dict[str, float] | None:
+        """--scope all: per site (the input sites and the FFN's), its zero fraction for a model-wide
+        ``target``: the target itself (uniform), or the measured site allocation (greedy); None
+        under --scope ffn."""
+        if self.site_cuts is None:
+            return None
+        if self.site_costs is None:
+            return {**dict.fromkeys(self.site_cuts, target), self.site: target}
+        return allocate_sites(self.site_costs, self.site_bytes, target, config.max_layer_sparsity)
+
+    def inputs_for(self, target: float, config: SparsifyConfig) -> InputThresholds | None:
+        """The input sites' cuts for ``target`` (``fractions_for``); None under --scope ffn."""
+        frac = self.fractions_for(target, config)
+        return None if frac is None else input_cuts_at(self.site_cuts, frac)
 
     def cuts_for(self, target: float, config: SparsifyConfig) -> tuple[np.ndarray, FfnThresholds]:
         """(per-layer zero fractions, thresholds) for a mean zero fraction of ``target``: uniform,
         every layer at ``target`` itself (cuts interpolated between the grid's quantiles);
         greedy, grid levels whose mean reaches it."""
-        if config.allocation == "uniform":
-            frac = min(target, config.max_layer_sparsity)
+        sites = self.fractions_for(target, config)
+        if config.allocation == "uniform" or sites is not None:  # (--scope all: uniform within each site)
+            frac = min(target if sites is None else sites[self.site], config.max_layer_sparsity)
             return (np.full(len(self.curves), frac),
                     FfnThresholds(self.site, stack_thresholds([c.thresholds_at(frac) for c in self.curves])))
         idx = allocate(self.cost, target, config.max_layer_sparsity, config.allocation)
@@ -190,10 +210,23 @@ def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = Non
         site_cuts = capture_site_magnitudes(model, wins)
         tell("calibration: attention and FFN inputs (--scope all)", 1, 1)
         seconds["input_sites"] = time.perf_counter() - t0
-    if config.allocation == "greedy":
+    costs_by_site = None
+    if config.allocation == "greedy" and site_cuts is None:
         t0 = time.perf_counter()
         sensitivities(model, windows(stream, config.sensitivity_tokens, config.window, prefix), curves, site,
                       progress)
+        seconds["sensitivity"] = time.perf_counter() - t0
+    elif config.allocation == "greedy":  # --scope all: one KL curve per site, every layer cut alike
+        t0 = time.perf_counter()
+
+        def cuts_at(s: str, f: float):
+            if s == site:
+                return FfnThresholds(site, stack_thresholds([c.thresholds_at(f) for c in curves])), None
+            return None, input_cuts_at({s: site_cuts[s]}, f)
+
+        sens = windows(stream[config.tokens:] if len(stream) > config.tokens + 64 else stream,
+                       config.sensitivity_tokens, config.window, prefix)
+        costs_by_site = site_costs(model, sens, cuts_at, (*site_cuts, site), progress)
         seconds["sensitivity"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     tell("calibration: dense perplexity", 0, 1)
@@ -201,7 +234,7 @@ def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = Non
     tell("calibration: dense perplexity", 1, 1)
     seconds["dense_ppl"] = time.perf_counter() - t0
     return Calibration(model, tok, prefix, site, curves, costs(curves), wins, base_nll, n_scored, source,
-                       seconds, warnings, site_cuts)
+                       seconds, warnings, site_cuts, costs_by_site, site_bytes(model))
 
 
 def choose_target(cal: Calibration, config: SparsifyConfig, progress: Progress | None = None) -> tuple[float, list]:
@@ -212,7 +245,7 @@ def choose_target(cal: Calibration, config: SparsifyConfig, progress: Progress |
     lo, hi, best, search = 0.0, config.max_layer_sparsity, None, []
     for step in range(7):
         mid = (lo + hi) / 2
-        ratio = cal.ppl_ratio(cal.cuts_for(mid, config)[1], cal.inputs_for(mid))
+        ratio = cal.ppl_ratio(cal.cuts_for(mid, config)[1], cal.inputs_for(mid, config))
         search.append({"target": round(mid, 4), "calibration_ppl_ratio": round(ratio, 4)})
         lo, hi, best = (mid, hi, mid) if ratio <= config.max_ppl_ratio else (lo, mid, best)
         if progress:
@@ -239,7 +272,7 @@ def aim_r1(cal: Calibration, config: SparsifyConfig, progress: Progress | None =
     goal = R1_FLOOR + R1_MARGIN
     target, rounds = goal, []
     for r in range(4):
-        z = zero_fraction(cal.model, wins, cal.cuts_for(target, config)[1], cal.inputs_for(target))
+        z = zero_fraction(cal.model, wins, cal.cuts_for(target, config)[1], cal.inputs_for(target, config))
         rounds.append({"target": round(target, 4), "heldout_zero_fraction": round(z, 4)})
         if progress:
             progress("aiming at R1 on held-out texts", r + 1, 4)

@@ -30,6 +30,7 @@ SITE_MATRICES = {
     "gate": ("ffn_up", "ffn_down"),  # the gate site skips up and down rows of a cut neuron
 }
 SAMPLE = 1 << 20  # values per (layer, site) the quantiles are taken over (a fixed random sample)
+SITE_LEVELS = (0.3, 0.5, 0.7, 0.9)  # the zero fractions each site's KL pass cuts it at (greedy)
 
 
 def capture_site_magnitudes(model, wins: list[list[int]]) -> dict[str, np.ndarray]:
@@ -60,10 +61,71 @@ def capture_site_magnitudes(model, wins: list[list[int]]) -> dict[str, np.ndarra
     return out
 
 
-def input_cuts_at(site_cuts: dict[str, np.ndarray], target: float) -> InputThresholds:
-    """Every site of every layer cut at the LEVELS zero fraction nearest ``target`` from above."""
-    k = min(int(np.searchsorted(LEVELS, target - 1e-9)), len(LEVELS) - 1)
-    return InputThresholds({s: np.ascontiguousarray(v[:, k], np.float32) for s, v in site_cuts.items()})
+def input_cuts_at(site_cuts: dict[str, np.ndarray], fractions: dict[str, float] | float) -> InputThresholds:
+    """Each input site of every layer cut at its zero fraction (``fractions``: per site, or one
+    for all), the cut interpolated between the grid's quantiles."""
+    out = {}
+    for site, v in site_cuts.items():
+        f = fractions if isinstance(fractions, float) else fractions.get(site, 0.0)
+        out[site] = np.array([np.interp(f, LEVELS, row) for row in v], np.float32)
+    return InputThresholds(out)
+
+
+def site_costs(model, wins: list[list[int]], cuts_at, sites: tuple[str, ...], progress=None) -> dict[str, np.ndarray]:
+    """Per site, the mean KL (nats/token) of the next-token distribution from the dense model's
+    with only that site cut, in every layer, at each SITE_LEVELS zero fraction, over ``wins``.
+    ``cuts_at(site, f)``: (FFN thresholds or None, input thresholds or None) cutting ``site`` alone."""
+    from convert.sparsify.measure import _log_probs
+
+    kl = {s: np.zeros(len(SITE_LEVELS)) for s in sites}
+    count, step, steps = 0, 0, len(wins) * len(sites) * len(SITE_LEVELS)
+    try:
+        for w in wins:
+            model.thresholds = model.input_cuts = None
+            model.reset()
+            p = _log_probs(model.forward(w, all_logits=True))
+            pe = np.exp(p)
+            for site in sites:
+                for i, f in enumerate(SITE_LEVELS):
+                    model.thresholds, model.input_cuts = cuts_at(site, f)
+                    model.reset()
+                    kl[site][i] += float((pe * (p - _log_probs(model.forward(w, all_logits=True)))).sum())
+                    step += 1
+                    if progress:
+                        progress("sensitivity: one site cut at a time (--scope all)", step, steps)
+            count += len(w)
+    finally:
+        model.thresholds = model.input_cuts = None
+        model.reset()
+    return {s: np.maximum.accumulate(np.maximum(v / max(count, 1), 0.0)) for s, v in kl.items()}
+
+
+def allocate_sites(costs: dict[str, np.ndarray], nbytes: dict[str, int], target: float, cap: float) -> dict[str, float]:
+    """Per site, the zero fraction that reaches a model-wide ``target`` (each site weighted by its
+    matrices' bytes) at the least summed cost: from 0, the step of LEVELS' spacing whose cost
+    increase per byte skipped is smallest, until the target is met (each site's cost is its KL
+    curve, 0 at 0, interpolated). Sites assumed to cost independently: measured, not assumed,
+    is the resulting perplexity (the report's)."""
+    grid = LEVELS[LEVELS <= cap + 1e-9]
+    total = sum(nbytes[s] for s in costs)
+    idx = dict.fromkeys(costs, 0)
+
+    def cost(site: str, k: int) -> float:
+        return float(np.interp(grid[k], (0.0, *SITE_LEVELS), (0.0, *costs[site])))
+
+    while sum(grid[idx[s]] * nbytes[s] for s in costs) / total < target - 1e-9:
+        best, rate = None, np.inf
+        for s in costs:
+            k = idx[s]
+            if k + 1 >= len(grid) or not nbytes[s]:
+                continue
+            r = (cost(s, k + 1) - cost(s, k)) / ((grid[k + 1] - grid[k]) * nbytes[s])
+            if r < rate:
+                best, rate = s, r
+        if best is None:
+            break
+        idx[best] += 1
+    return {s: float(grid[k]) for s, k in idx.items()}
 
 
 def site_bytes(model) -> dict[str, int]:

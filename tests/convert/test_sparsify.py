@@ -292,3 +292,25 @@ def test_target_r1_aims_above_the_floor_on_held_out_texts(ggufs, tmp_path):
     assert aim["rounds"][0]["target"] == pytest.approx(R1_FLOOR + R1_MARGIN)
     r = CliRunner().invoke(main, ["sparsify", str(ggufs[("tiny-llama", "f32")]), "-o", str(out), "--target", "most"])
     assert r.exit_code == ExitCode.USAGE and "--target" in r.output and "Traceback" not in r.output
+
+
+def test_site_allocation_puts_zeros_where_they_cost_least_per_byte():
+    from convert.sparsify.sites import SITE_LEVELS, allocate_sites
+
+    cheap, dear = np.array([0.001, 0.002, 0.004, 0.01]), np.array([0.1, 0.3, 0.9, 3.0])
+    assert len(cheap) == len(SITE_LEVELS)
+    nbytes = {"attn_in": 100, "attn_out": 100, "ffn_in": 400, "down_in": 400}
+    f = allocate_sites({"attn_in": dear, "attn_out": dear, "ffn_in": cheap, "down_in": cheap}, nbytes, 0.5, 0.95)
+    wide = sum(f[s] * nbytes[s] for s in f) / sum(nbytes.values())
+    assert wide >= 0.5 - 1e-9 and f["down_in"] > f["attn_in"] and f["ffn_in"] > f["attn_out"]
+    assert max(f.values()) <= 0.95
+
+
+def test_scope_all_greedy_measures_each_site_and_reaches_the_model_wide_target(ggufs, tmp_path):
+    r = sparsify(ggufs[("tiny-llama", "q8_0")], tmp_path / "g.gguf",
+                 SparsifyConfig(target=0.5, scope="all", allocation="greedy", **SMALL))
+    c = r.calibration
+    assert set(c["site_kl"]) == {"attn_in", "attn_out", "ffn_in", "down_in"}
+    f = c["site_fractions"]
+    assert len(set(f.values())) > 1  # not uniform: measured per site
+    assert abs(r.heldout["model_wide_zero_fraction"] - 0.5) < 0.15
