@@ -199,7 +199,9 @@ def calibrate(src: Path, config: SparsifyConfig, progress: Progress | None = Non
     tell("calibration: FFN inputs", 1, 1)
     curves = []
     for layer in range(hp.n_layers):
-        curves.append(layer_curve(model, layer, H[layer], site))
+        # (the local error curves feed only the per-layer greedy allocation)
+        curves.append(layer_curve(model, layer, H[layer], site,
+                                  errors=config.allocation == "greedy" and config.scope == "ffn"))
         H[layer] = None  # type: ignore[call-overload]  (freed as it goes)
         tell("calibration: per-layer cut curves", layer + 1, hp.n_layers)
     seconds["curves"] = time.perf_counter() - t0

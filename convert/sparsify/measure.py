@@ -105,9 +105,12 @@ def _ffn_out(model, layer: int, a: np.ndarray) -> np.ndarray:
     return y
 
 
-def layer_curve(model, layer: int, H: np.ndarray, site: str, sample: int = 1 << 20) -> LayerCurve:
+def layer_curve(model, layer: int, H: np.ndarray, site: str, sample: int = 1 << 20,
+                errors: bool = True) -> LayerCurve:
     """Cut values (quantiles over a fixed sample of the layer's magnitudes) and relative output
-    errors at every LEVELS zero fraction."""
+    errors at every LEVELS zero fraction (``errors`` False: zeros, not measured; only the greedy
+    per-layer allocation reads them, and they are most of the calibration's time: one down
+    projection of every calibration token per level, 773 s of 1,429 on the real Qwen 1.5B)."""
     mag, a, up_rms = ffn_parts(model, layer, H, site)
     weight = None
     if up_rms is not None:
@@ -122,6 +125,8 @@ def layer_curve(model, layer: int, H: np.ndarray, site: str, sample: int = 1 << 
         flat = flat[np.random.default_rng(layer).choice(flat.size, sample, replace=False)]
     cuts = np.quantile(flat, LEVELS).astype(np.float32)
     cuts[0] = 0.0
+    if not errors:
+        return LayerCurve(cuts, np.zeros(len(LEVELS)), weight=weight)
     y0 = _ffn_out(model, layer, a)
     ref = float(np.sum(y0.astype(np.float64) ** 2)) or 1.0
     err = np.zeros(len(LEVELS))
