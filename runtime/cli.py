@@ -52,6 +52,20 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
     return value
 
 
+def notice_compile(m) -> None:
+    """One stderr line when the kernels will compile before the first token (runtime.compile_notice)."""
+    from rich.markup import escape
+
+    from aios.cli_common import err_console
+    from runtime import compile_notice
+
+    kinds = {p.kind for op in [m.tok_embd, m.output, *(v for L in m.layers for v in L.values())]
+             if hasattr(op, "parts") for p in op.parts()}
+    line = compile_notice(kinds)
+    if line:
+        err_console.print(f"[dim]{escape(line)}…[/]", soft_wrap=True)
+
+
 @main.command()
 @click.argument("model", callback=_gguf_args)
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
@@ -90,6 +104,7 @@ def generate(model, prompt, n_tokens, mode, predictor, chunk, temperature, top_k
     path = Path(model)
     t0 = time.perf_counter()
     m = Model(path, mode=mode, n_ctx=n_ctx, predictor=predictor, arithmetic=arithmetic)
+    notice_compile(m)
     tok = load_tokenizer(path, Path(tokenizer) if tokenizer else None)
     chat = chat or chat_template is not None
     if chat:  # the template writes BOS and the turn markers itself

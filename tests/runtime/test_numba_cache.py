@@ -85,3 +85,16 @@ def test_prune_keeps_the_recent_and_the_recently_used(tmp_path):
     left = sorted(p.name for p in tmp_path.iterdir())
     # KEEP - 1 most recent besides the current one stay (two of them used lately), older ones go
     assert left == sorted([f.name for f in folders[:runtime.KEEP - 1]] + [current.name, "not-a-key"])
+
+
+def test_a_fresh_cache_is_announced_before_the_first_pass(tmp_path, monkeypatch):
+    """One line names the types that compile when this sources' cache folder holds no index yet;
+    none once it does (the first aios-run on a fresh install is not a silent minute)."""
+    import runtime
+
+    monkeypatch.setattr(runtime, "numba_cache_dir", lambda: tmp_path / "numba" / "k")
+    line = runtime.compile_notice({"Q6_K", "q4_k"})
+    assert line.startswith("compiling kernels for Q4_K/Q6_K (first run") and str(tmp_path) in line
+    (tmp_path / "numba" / "k" / "kernels_x").mkdir(parents=True)
+    (tmp_path / "numba" / "k" / "kernels_x" / "mm.py311.nbi").write_bytes(b"")
+    assert runtime.compile_notice({"Q4_K"}) is None
