@@ -159,7 +159,8 @@ def zero_fraction(model, wins: list[list[int]], cuts: FfnThresholds, inputs=None
     return zeros / max(seen, 1)
 
 
-def _log_probs(logits: np.ndarray) -> np.ndarray:
+def log_probs(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
     z = logits.astype(np.float64)
     z -= z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -175,7 +176,7 @@ def nll(model, wins: list[list[int]], cuts: FfnThresholds | None, skip: int, inp
     try:
         for w in wins:
             model.reset()
-            lp = _log_probs(model.forward(w, all_logits=True)[:-1])
+            lp = log_probs(model.forward(w, all_logits=True)[:-1])
             tgt = np.asarray(w[1:])
             rows = np.arange(len(tgt))[max(0, skip - 1):]
             total -= float(lp[rows, tgt[rows]].sum())
@@ -198,7 +199,7 @@ def sensitivities(model, wins: list[list[int]], curves: list[LayerCurve], site: 
         for j, w in enumerate(wins):
             model.thresholds = None
             model.reset()
-            p = _log_probs(model.forward(w, all_logits=True))
+            p = log_probs(model.forward(w, all_logits=True))
             pe = np.exp(p)
             for layer in range(n):
                 for i, k in enumerate(ks):
@@ -206,7 +207,7 @@ def sensitivities(model, wins: list[list[int]], curves: list[LayerCurve], site: 
                     values[layer] = curves[layer].thresholds(k)
                     model.thresholds = FfnThresholds(site, stack_thresholds(values))
                     model.reset()
-                    q = _log_probs(model.forward(w, all_logits=True))
+                    q = log_probs(model.forward(w, all_logits=True))
                     kl[layer, i] += float((pe * (p - q)).sum())
                 if progress:
                     progress("sensitivity: one layer cut at a time", j * n + layer + 1, len(wins) * n)

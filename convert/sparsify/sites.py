@@ -75,7 +75,7 @@ def site_costs(model, wins: list[list[int]], cuts_at, sites: tuple[str, ...], pr
     """Per site, the mean KL (nats/token) of the next-token distribution from the dense model's
     with only that site cut, in every layer, at each SITE_LEVELS zero fraction, over ``wins``.
     ``cuts_at(site, f)``: (FFN thresholds or None, input thresholds or None) cutting ``site`` alone."""
-    from convert.sparsify.measure import _log_probs
+    from convert.sparsify.measure import log_probs
 
     kl = {s: np.zeros(len(SITE_LEVELS)) for s in sites}
     count, step, steps = 0, 0, len(wins) * len(sites) * len(SITE_LEVELS)
@@ -83,13 +83,13 @@ def site_costs(model, wins: list[list[int]], cuts_at, sites: tuple[str, ...], pr
         for w in wins:
             model.thresholds = model.input_cuts = None
             model.reset()
-            p = _log_probs(model.forward(w, all_logits=True))
+            p = log_probs(model.forward(w, all_logits=True))
             pe = np.exp(p)
             for site in sites:
                 for i, f in enumerate(SITE_LEVELS):
                     model.thresholds, model.input_cuts = cuts_at(site, f)
                     model.reset()
-                    kl[site][i] += float((pe * (p - _log_probs(model.forward(w, all_logits=True)))).sum())
+                    kl[site][i] += float((pe * (p - log_probs(model.forward(w, all_logits=True)))).sum())
                     step += 1
                     if progress:
                         progress("sensitivity: one site cut at a time (--scope all)", step, steps)
