@@ -69,7 +69,7 @@ def compile_notice(kinds) -> str | None:
     when kernels are cached. ``kinds``: the model's stored types (gguf-py names)."""
     folder = numba_cache_dir()
     try:
-        cached = folder.is_dir() and any(p.suffix == ".nbi" for p in folder.rglob("*.nbi"))
+        cached = folder.is_dir() and any(folder.rglob("*.nbi"))  # numba's index files
     except OSError:
         cached = False
     if cached:
