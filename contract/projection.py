@@ -8,6 +8,9 @@ runtime (aios-run bench) measures the real figure.
     sparse   : FFN down rows of zero activations are skipped  → down × (1 − s);
                gated FFN: up rows too (gate computed first)   → up × (1 − s), unless the
                zeros are cut at the down input (sparsify --site down_in)
+               cut projection inputs (sparsify --scope all), each site's measured zeros
+               s_site: q/k/v × (1 − s_attn_in), o × (1 − s_attn_out), gate/up × (1 − s_ffn_in)
+               (a sparse kernel reads the rows of nonzero inputs: sparsify --input-major)
     aliasing : core-zone shareable bytes × (1 − aliasing ratio); an already aliased model
                (aios-convert alias) is baselined on its de-aliased bytes, each member matrix
                counted as stored alone, and its members outside the core zone projected at
@@ -28,6 +31,11 @@ from contract.spec import tiers
 
 _EMBED = re.compile(r"(word_embeddings|embed_tokens|wte|token_embd)\.weight$")
 _HEAD = re.compile(r"(^lm_head|^output)\.weight$")
+# a GGUF layer matrix by the input site it reads (stored as is, or input-major: ``.t``)
+_SITE_ROLE = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.(weight|t)$")
+_ROLE_OF = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_qkv": "attn_in",
+            "attn_output": "attn_out", "ffn_gate": "ffn_gate", "ffn_up": "ffn_up", "ffn_down": "ffn_down"}
+ROLES = ("ffn_up", "ffn_gate", "ffn_down", "attn_in", "attn_out", "other")
 
 
 # ``aios-convert gguf --sparse-down`` stores a layer's down projection neuron-major under this name
@@ -75,6 +83,8 @@ def weight_bytes_by_role(handle: ModelHandle) -> tuple[dict[str, float], str]:
                 roles["head"] += t.nbytes
                 continue
             role = by_hf.get(name, (None,))[0]
+            if role is None and (m := _SITE_ROLE.match(name)):
+                role = _ROLE_OF[m.group(1)]
             if name in core_stored:
                 roles["core_shareable"] += t.nbytes  # counted once; sparsity applied below via share
                 roles[f"core:{role or 'other'}"] += t.nbytes
@@ -149,18 +159,29 @@ def project(handle: ModelHandle, results: dict[str, RequirementResult], context:
     def g(k: str) -> float:
         return roles.get(k, 0.0)
 
+    def site(name: str) -> float:  # a cut input site's measured zeros (R1's run), 0 where not cut
+        m = r1.metric(f"{name}_exact_zero_fraction") if r1 is not None else None
+        return float(m.value) if m is not None and m.value is not None else 0.0  # type: ignore[arg-type]
+
     # a file cut at the down projection's input (aios-convert sparsify's down_in site) has zeros
     # after the up projection: only its down rows are skipped
     sparse_roles = ["ffn_down"] + (["ffn_up"] if f.gated_ffn and f.ffn_threshold_site != "down_in" else [])
+    keep = {r: (1 - s) if r in sparse_roles else 1.0 for r in ROLES}
+    s_in = {x: site(x) for x in ("attn_in", "attn_out", "ffn_in")}
+    for role, x in (("attn_in", "attn_in"), ("attn_out", "attn_out"), ("ffn_gate", "ffn_in"), ("ffn_up", "ffn_in")):
+        if role not in sparse_roles:
+            keep[role] = 1 - s_in[x]
+    if any(s_in.values()):
+        sparse_basis += "; input sites " + ", ".join(f"{x} {v:.4f}" for x, v in s_in.items())
     ffn_base = sum(g(r) for r in ("ffn_up", "ffn_gate", "ffn_down"))
-    ffn_proj = sum((g(r) - g(f"alias_saved:{r}")) * ((1 - s) if r in sparse_roles else 1.0)
-                   for r in ("ffn_up", "ffn_gate", "ffn_down"))
+    ffn_proj = sum((g(r) - g(f"alias_saved:{r}")) * keep[r] for r in ("ffn_up", "ffn_gate", "ffn_down"))
+    attn_base = g("attn_in") + g("attn_out")
+    attn_proj = sum((g(r) - g(f"alias_saved:{r}")) * keep[r] for r in ("attn_in", "attn_out"))
     ffn_basis = sparse_basis
     if any(k.startswith("alias_saved:") for k in roles):
         ffn_basis += "; aliased members at their stored share (canonical / k + delta)"
     core_base = g("core_shareable")
-    core_sparse = sum(g(f"core:{r}") * ((1 - s) if r in sparse_roles else 1.0)
-                      for r in ("ffn_up", "ffn_gate", "ffn_down", "other"))
+    core_sparse = sum(g(f"core:{r}") * keep[r] for r in ROLES)
     core_proj = core_sparse * (1 - alias_ratio)
     kv = kv_bytes(f.n_layers, f.n_kv_heads, f.head_dim, context)
     _, act = footprint(f.d_model, f.d_ffn, f.gated_ffn)
@@ -170,6 +191,8 @@ def project(handle: ModelHandle, results: dict[str, RequirementResult], context:
                        baseline_bytes=g("embedding_row") + g("head") + g("other"),
                        projected_bytes=g("embedding_row") + g("head") + g("other") - g("alias_saved:other"),
                        basis=basis),
+        ProjectionTerm(term="weights: attention projections outside core zone", baseline_bytes=attn_base,
+                       projected_bytes=attn_proj, basis=sparse_basis),
         ProjectionTerm(term="weights: FFN outside core zone", baseline_bytes=ffn_base,
                        projected_bytes=ffn_proj, basis=ffn_basis),
         ProjectionTerm(term="weights: core zone", baseline_bytes=core_base, projected_bytes=core_proj,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from aios.errors import InvalidModelError, UsageError
+from runtime.thresholds import INPUT_MAJOR
 
 INT_KEYS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length")
 OPTIONAL_INT_KEYS = ("attention.head_count_kv", "context_length", "rope.dimension_count",
@@ -106,8 +107,8 @@ def _expected(hp, stored: bool = False) -> dict[str, tuple[int, ...]]:
         shapes["ffn_gate.weight"] = (f, d)
     if stored and hp.graph.fused_gate_up:
         shapes["ffn_up.weight"] = (2 * f, d)
-    if stored:
-        shapes["ffn_down.t"] = (f, d)  # neuron-major down projection (--sparse-down)
+    if stored:  # input-major projections (--sparse-down: the down projection; sparsify --input-major)
+        shapes.update({f"{n}.t": shapes[f"{n}.weight"][::-1] for n in INPUT_MAJOR if f"{n}.weight" in shapes})
     return shapes
 
 

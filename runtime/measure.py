@@ -82,6 +82,15 @@ def measure_ffn_activity_gguf(path: str | Path, texts: Sequence[str], tokenizer,
         stats.near_zeros[layer] += near
 
     model.ffn_act_hook = hook
+    cuts = model.input_cuts
+    if cuts is not None:  # sparsify --scope all: each cut input site's zeros too (the checker's projection)
+        def site_hook(layer: int, site: str, x: np.ndarray) -> None:  # x before its cut: what the cut zeroes
+            if site in model.blocks[layer].cuts:
+                c = stats.site_counts.setdefault(site, [0, 0])
+                c[0] += int(np.count_nonzero(np.abs(x) < cuts.values[site][layer]))
+                c[1] += x.size
+
+        model.input_hook = site_hook
     done = 0
     with kept_unpacked(matrices=stored_matrices(model)) as kept:  # every pass multiplies the same matrices
         arith = model.arith.keeping(kept)

@@ -36,7 +36,7 @@ from runtime.compiled_routes import CompiledRoutes
 from runtime.extensions import LAYER_HOOKS
 from runtime.hparams import HParams, read_hparams, runtime_row  # noqa: F401  (HParams: part of this module's API)
 from runtime.modes import LOSSY_MODES, MODES  # noqa: F401  (LOSSY_MODES: part of this module's API)
-from runtime.weights import Linear, TransposedMatrix, from_gguf_tensor, transpose, vector
+from runtime.weights import Linear, from_gguf_tensor, transpose, vector
 
 RELU_FAMILY = ("relu", "relu2", "fatrelu")
 
@@ -270,8 +270,32 @@ class Model(AttentionRoute, CompiledRoutes):
     def _mm_shared(self, L: dict, names: tuple[str, ...], X: np.ndarray, layer: int, a: kernels.Arithmetic,
                    rows: np.ndarray | None = None) -> list[np.ndarray]:
         """The matmuls ``names`` of one input X; X quantized once for all (``fused_glue``)."""
+        if self.mode != "dense" and any(f"{n}.T" in L for n in names):
+            return [self._project(L, n, X, layer, a, rows) for n in names]
         shared = a.sharing(X) if self.fused_glue else a
         return [self._mm(L[f"{n}.weight"], X, layer, shared, rows, L.get(f"{n}.bias")) for n in names]
+
+    def _project(self, L: dict, name: str, X: np.ndarray, layer: int, a: kernels.Arithmetic,
+                 rows: np.ndarray | None = None) -> np.ndarray:
+        """X @ Wᵀ (+ bias) of the layer's matrix ``name``. In a sparse mode, where the layer has it
+        input-major (``name.T``: runtime/sparse_down.py), each token reads only the rows of its
+        nonzero inputs, and the counter adds exactly those rows' stored bytes; ``rows`` (the
+        outputs a caller needs) is then not used: every output is computed, from fewer rows.
+        Otherwise the dense product of ``_mm``. The one place every sparse site runs through."""
+        op = L.get(f"{name}.T") if self.mode != "dense" else None
+        if op is None:
+            return self._mm(L[f"{name}.weight"], X, layer, a, rows, L.get(f"{name}.bias"))
+        out = np.empty((X.shape[0], op.n_out), np.float32)
+        for t in range(X.shape[0]):
+            active = np.flatnonzero(X[t]).astype(np.int64)
+            for tensor, nbytes in op.sparse_reads(active):  # the stored rows touched, per tensor
+                self.counter.add("weights", nbytes, layer, tensor)
+            out[t] = op.sparse_matvec(X[t], active, a)
+        bias = L.get(f"{name}.bias")
+        if bias is not None:
+            self.counter.add("weights", bias.nbytes, layer, op.name + ".bias")
+            out += bias
+        return out
 
     def _count_activations(self, layer: int, T: int) -> None:
         """Count a block's intermediate vectors: residual/norm copies (one more with a separate
@@ -306,18 +330,16 @@ class Model(AttentionRoute, CompiledRoutes):
             # ggml's SwiGLU in one pass: silu(gate)·up, the bits of silu(gate)·1 then ·up
             y = ggml_ops.silu_mul(*self._mm_shared(L, ("ffn_gate", "ffn_up"), h, layer, a, rows))
         elif gated:
-            g = activation(act, self._mm(L["ffn_gate.weight"], h, layer, a, rows, L.get("ffn_gate.bias")),
-                           hp.activation_threshold)
+            g = activation(act, self._project(L, "ffn_gate", h, layer, a, rows), hp.activation_threshold)
             if cuts is not None and cuts.site == "gate":
                 g = cuts.cut(g, layer)
             if self.mode != "dense":
                 # gate first: a = act(gate)·up is exactly 0 wherever act(gate) is, so only the up
                 # rows with a nonzero gate in some token of the chunk are read (exact, not a guess)
                 rows = np.flatnonzero(g.any(0)).astype(np.int64)
-            y = g * self._mm(L["ffn_up.weight"], h, layer, a, rows, L.get("ffn_up.bias"))
+            y = g * self._project(L, "ffn_up", h, layer, a, rows)
         else:
-            y = activation(act, self._mm(L["ffn_up.weight"], h, layer, a, rows, L.get("ffn_up.bias")),
-                           hp.activation_threshold)
+            y = activation(act, self._project(L, "ffn_up", h, layer, a, rows), hp.activation_threshold)
         y = y.astype(np.float32, copy=False)
         if cuts is not None and cuts.site == "down_in":
             y = cuts.cut(y, layer)
@@ -328,20 +350,7 @@ class Model(AttentionRoute, CompiledRoutes):
         nnz = int(np.count_nonzero(y))
         if self.ffn_act_hook is not None:
             self.ffn_act_hook(layer, y)
-        down_b = L.get("ffn_down.bias")
-        if self.mode == "dense":
-            return self._mm(L["ffn_down.weight"], y, layer, a, bias=down_b), nnz
-        Dt: TransposedMatrix = L["ffn_down.T"]
-        out = np.empty((y.shape[0], hp.d_model), np.float32)
-        for t in range(y.shape[0]):
-            active = np.flatnonzero(y[t]).astype(np.int64)
-            for tensor, nbytes in Dt.sparse_reads(active):  # the stored rows touched, per tensor
-                self.counter.add("weights", nbytes, layer, tensor)
-            out[t] = Dt.sparse_matvec(y[t], active, a)
-        if down_b is not None:
-            self.counter.add("weights", down_b.nbytes, layer, "ffn_down.bias")
-            out += down_b
-        return out, nnz
+        return self._project(L, "ffn_down", y, layer, a), nnz
 
     def _score_prediction(self, L: dict, h: np.ndarray, rows: np.ndarray) -> None:
         """Count the predictor's false negatives on this input (outside the byte counter)."""
@@ -420,7 +429,7 @@ class Model(AttentionRoute, CompiledRoutes):
             x, h = self._add_norm(x, rest, L["attn_norm.weight"], L.get("attn_norm.bias"), a, g.norm)
             hq = self._site(h, i, "attn_in", g)
             if g.fused_qkv:
-                qkv = self._mm(L["attn_qkv.weight"], hq, i, a, bias=L.get("attn_qkv.bias"))
+                qkv = self._project(L, "attn_qkv", hq, i, a)
                 q = qkv[:, : hp.n_heads * hp.head_dim]
                 k = qkv[:, hp.n_heads * hp.head_dim : (hp.n_heads + hp.n_kv) * hp.head_dim]
                 v = qkv[:, (hp.n_heads + hp.n_kv) * hp.head_dim :]
@@ -440,7 +449,7 @@ class Model(AttentionRoute, CompiledRoutes):
                     k = self._rope(k, positions, a, g)
                 o = self._attention(i, q, k, v, positions, g, a, last, starts)
             x, h = (x[-1:], h[-1:]) if o.shape[0] < T else (x, h)  # the last query alone: one row on from here
-            attn = self._mm(L["attn_output.weight"], self._site(o, i, "attn_out", g), i, a, bias=L.get("attn_output.bias"))
+            attn = self._project(L, "attn_output", self._site(o, i, "attn_out", g), i, a)
             if g.post_norms:  # Gemma: each branch's output normed before the residual add
                 attn = self._norm(attn, L["post_attention_norm.weight"], None, a, g.norm)
             if g.parallel:  # parallel attention and MLP on the same input x

@@ -36,6 +36,7 @@ import numpy as np
 
 from runtime import kernels as K
 from runtime.kernels.arithmetic import DEFAULT, Arithmetic
+from runtime.thresholds import INPUT_MAJOR
 from runtime.weights import KERNELS, Matrix
 
 NEURON_MAJOR = ".t"  # suffix of a tensor stored neuron-major (d_ffn rows), after the name it replaces
@@ -193,9 +194,11 @@ class NeuronMajorSum:
 
 
 def sparse_down_hook(model, tensors: dict, i: int, L: dict) -> None:
-    """A stored ``ffn_down.t`` becomes the layer's down projection, dense and sparse."""
-    if "ffn_down.t" not in L:
-        return
-    op = NeuronRows(L.pop("ffn_down.t"), f"blk.{i}.ffn_down.t")
-    L["ffn_down.weight"] = op
-    L["ffn_down.T"] = op
+    """Every stored input-major ``X.t`` (the down projection of ``--sparse-down``; any projection
+    of ``sparsify --input-major``: runtime.thresholds.INPUT_MAJOR) becomes the layer's operator
+    ``X``, dense (``X.weight``) and sparse (``X.T``)."""
+    for name in INPUT_MAJOR:
+        if name + NEURON_MAJOR in L:
+            op = NeuronRows(L.pop(name + NEURON_MAJOR), f"blk.{i}.{name}{NEURON_MAJOR}")
+            L[f"{name}.weight"] = op
+            L[f"{name}.T"] = op

@@ -80,6 +80,17 @@ def read(store, n_layers: int, d_ffn: int, gated: bool, path: Path) -> FfnThresh
 
 INPUT_SITES = ("attn_in", "attn_out", "ffn_in")
 KEY_INPUT = "aios.input_threshold."  # + site: float32, one value per layer
+# the matrices that read each site's input (GGUF names relative to blk.N.; fused forms included):
+# what a sparse kernel may skip the rows of, stored input-major (``X.t``: runtime/sparse_down.py)
+SITE_MATRICES = {
+    "attn_in": ("attn_q", "attn_k", "attn_v", "attn_qkv"),
+    "attn_out": ("attn_output",),
+    "ffn_in": ("ffn_gate", "ffn_up"),
+    "down_in": ("ffn_down",),
+    "gate": ("ffn_up", "ffn_down"),  # the gate site skips up and down rows of a cut neuron
+}
+# every matrix a file may store input-major (one .t tensor each, n_in rows of n_out)
+INPUT_MAJOR = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,14 @@ class TransposedMatrix:
     def row_bytes(self) -> int:
         return self.data.shape[1] * self.data.itemsize
 
+    @property
+    def n_out(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def n_in(self) -> int:
+        return self.data.shape[0]
+
     def sparse_matvec(self, a: np.ndarray, active: np.ndarray, arith: K.Arithmetic = K.DEFAULT) -> np.ndarray:
         """y = Σ_j a[j]·row_j over ``active``: a float axpy in any arithmetic (``arith`` unused)."""
         y = np.empty(self.data.shape[1], np.float32)

@@ -79,6 +79,9 @@ class FfnActivity:
     text_tokens: list[int] = field(default_factory=list)
     set_texts: int = 0
     set_tokens: int = 0
+    # a file whose projection inputs are cut too (sparsify --scope all): per input site
+    # (runtime.thresholds.INPUT_SITES), [zeros after the cut, values seen] over every layer it cuts
+    site_counts: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.zeros is None:
@@ -105,6 +108,11 @@ class FfnActivity:
     @property
     def mean_near_zero_fraction(self) -> float:
         return float(self.near_zero_fraction.mean())
+
+    @property
+    def site_zero_fraction(self) -> dict[str, float]:
+        """Per cut input site, the exact-zero fraction of its inputs (after the cut)."""
+        return {s: z / max(1, n) for s, (z, n) in self.site_counts.items()}
 
     def set_estimate(self) -> SetEstimate | None:
         """The whole set's mean exact-zero fraction from the texts measured (None where the

@@ -117,6 +117,9 @@ def check(handle: ModelHandle, ctx: CheckContext) -> RequirementResult:
         *_set_metrics(est),
         Metric(name="min_layer_exact_zero_fraction", value=round(float(stats.zero_fraction.min()), 6),
                evidence=Evidence.measured),
+        *(Metric(name=f"{site}_exact_zero_fraction", value=round(v, 6), evidence=Evidence.measured,
+                 note=f"the {site} input cut (aios.input_threshold.{site}): information for the projection")
+          for site, v in stats.site_zero_fraction.items()),
     ]
     details = {
         "per_layer_exact_zero_fraction": [round(float(x), 6) for x in stats.zero_fraction],

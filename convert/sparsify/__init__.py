@@ -71,7 +71,7 @@ from convert.sparsify.config import (
 )
 from convert.sparsify.measure import LEVELS, SENSITIVITY_LEVELS, LayerCurve, nll
 from convert.sparsify.sites import model_wide, site_bytes
-from convert.sparsify.write import metadata, write_sparsified
+from convert.sparsify.write import input_major_tensors, metadata, write_sparsified
 from runtime.thresholds import SITES, FfnThresholds, InputThresholds
 
 __all__ = ["aim_r1", "ALLOCATIONS", "DEFAULT_SITE", "KEY_PREFIX", "LEVELS", "SENSITIVITY_LEVELS", "SITES", "Calibration",
@@ -135,8 +135,9 @@ def finish(cal: Calibration, out: Path, target: float, levels: np.ndarray, cuts:
                            f"'{cal.model.hp.activation}' model it came from, without the thresholds "
                            "(aios-run applies them)")
     t0 = time.perf_counter()
-    write_sparsified(cal.model.path, out, metadata(result, cuts, config, inputs), cal.model, config.sparse_down,
-                     result.warnings)
+    major = input_major_tensors(cal.model, cal.site, bool(np.any(cuts.values > 0)), inputs, config.sparse_down,
+                                config.input_major)
+    write_sparsified(cal.model.path, out, metadata(result, cuts, config, inputs), cal.model, major, result.warnings)
     seconds["write"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_start
     return result

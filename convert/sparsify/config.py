@@ -49,6 +49,7 @@ class SparsifyConfig:
     heldout_tokens: int = 4096  # held-out tokens of the report's perplexity and zero fraction (0: skip)
     max_layer_sparsity: float = 0.95
     sparse_down: bool = False  # store FFN down projections neuron-major (re-encoded)
+    input_major: bool = False  # store every matrix a cut input feeds input-major (re-encoded)
     scope: str = "ffn"  # SCOPES
     aim_r1: bool = False  # --target r1: raise the target until held-out texts measure R1_FLOOR + R1_MARGIN
 

@@ -19,16 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from convert.sparsify.measure import LEVELS
-from runtime.thresholds import INPUT_SITES, InputThresholds
+from runtime.thresholds import INPUT_SITES, SITE_MATRICES, InputThresholds
 
-# the matrices that read each site's input (GGUF names relative to blk.N.; fused forms included)
-SITE_MATRICES = {
-    "attn_in": ("attn_q", "attn_k", "attn_v", "attn_qkv"),
-    "attn_out": ("attn_output",),
-    "ffn_in": ("ffn_gate", "ffn_up"),
-    "down_in": ("ffn_down",),
-    "gate": ("ffn_up", "ffn_down"),  # the gate site skips up and down rows of a cut neuron
-}
 SAMPLE = 1 << 20  # values per (layer, site) the quantiles are taken over (a fixed random sample)
 SITE_LEVELS = (0.3, 0.5, 0.7, 0.9)  # the zero fractions each site's KL pass cuts it at (greedy)
 

@@ -13,7 +13,9 @@ import numpy as np
 
 from aios import __version__
 from convert.sparsify.config import KEY_PREFIX, SparsifyConfig, SparsifyResult
-from runtime.thresholds import KEY_INPUT, KEY_SITE, KEY_VALUES, FfnThresholds, InputThresholds
+from runtime.thresholds import KEY_INPUT, KEY_SITE, KEY_VALUES, SITE_MATRICES, FfnThresholds, InputThresholds
+
+INPUT_MAJOR_KEY = "aios.input_major.matrices"  # the matrix names stored input-major (blk.N.<name>.t)
 
 
 def metadata(result: SparsifyResult, cuts: FfnThresholds, config: SparsifyConfig,
@@ -37,10 +39,33 @@ def metadata(result: SparsifyResult, cuts: FfnThresholds, config: SparsifyConfig
     }
 
 
-def write_sparsified(src: Path, out: Path, meta: dict[str, object], model, sparse_down: bool,
+def input_major_tensors(model, ffn_site: str, ffn_cut: bool, inputs: InputThresholds | None,
+                        sparse_down: bool, input_major: bool) -> set[str]:
+    """The ``blk.N.X.weight`` tensors stored input-major (``blk.N.X.t``, re-encoded): with
+    ``sparse_down`` every down projection; with ``input_major`` every matrix a cut input of its
+    layer feeds (q/k/v, o, gate/up: runtime.thresholds.SITE_MATRICES) and the down projection
+    where the FFN is cut at its input. The gate site's up rows are skipped by the gate (output
+    rows, the standard layout), so up stays as stored there; a fused gate/up (one tensor, split at
+    load) stays too."""
+    names = set()
+    for i, L in enumerate(model.layers):
+        keep = []
+        if sparse_down or (input_major and ffn_cut):
+            keep.append("ffn_down")
+        if input_major and inputs is not None:
+            for site in inputs.sites(i):
+                keep += SITE_MATRICES[site]
+        for n in keep:
+            if (n == "ffn_up" and model.hp.graph.fused_gate_up) or f"{n}.weight" not in L:
+                continue
+            names.add(f"blk.{i}.{n}.weight")
+    return names
+
+
+def write_sparsified(src: Path, out: Path, meta: dict[str, object], model, major: set[str],
                      warnings: list[str]) -> None:
-    """``src`` with ``meta`` added: every tensor copied byte for byte, or, with ``sparse_down``,
-    the FFN down projections re-encoded neuron-major (``blk.N.ffn_down.t``)."""
+    """``src`` with ``meta`` added: every tensor copied byte for byte, except those in ``major``
+    (``input_major_tensors``), re-encoded input-major (``blk.N.X.t``)."""
     import gguf
 
     from convert.gguf.metadata import sparse_down_keys
@@ -48,11 +73,13 @@ def write_sparsified(src: Path, out: Path, meta: dict[str, object], model, spars
 
     reader = model.reader
     extra = dict(meta)
-    if sparse_down:
+    if any(n.endswith(".ffn_down.weight") for n in major):
         extra.update(sparse_down_keys(model.hp.n_layers))
+    if major:
+        extra[INPUT_MAJOR_KEY] = sorted({n.split(".", 2)[2].removesuffix(".weight") for n in major})
     tensors = []
     for t in reader.tensors:
-        if sparse_down and re.fullmatch(r"blk\.\d+\.ffn_down\.weight", t.name):
+        if t.name in major:
             name, arr, typ, why = _neuron_major(src, t)
             if why:
                 warnings.append(f"{name}: {why}")
@@ -64,24 +91,27 @@ def write_sparsified(src: Path, out: Path, meta: dict[str, object], model, spars
 
 
 def _elem_shape(t) -> tuple[int, int]:
-    """The neuron-major shape (d_ffn, d_model) of down projection ``t`` (stored d_model × d_ffn)."""
-    d_ffn, d_model = (int(x) for x in t.shape.tolist())  # ggml order: row length first
-    return d_ffn, d_model
+    """The input-major shape (n_in, n_out) of matrix ``t`` (stored n_out rows of n_in)."""
+    n_in, n_out = (int(x) for x in t.shape.tolist())  # ggml order: row length first
+    return n_in, n_out
 
 
 def _neuron_major(src: Path, t) -> tuple[str, np.ndarray, str, str | None]:
-    """(name, encoded bytes, GGML type name, fallback reason) of ``t`` transposed to d_ffn rows
-    of d_model, in its own type where d_model fits the type's blocks (else the export's fallback)."""
+    """(name, encoded bytes, GGML type name, fallback reason) of ``t`` transposed to n_in rows
+    of n_out, in its own type where n_out fits the type's blocks (else the export's fallback); a
+    type this tool does not encode becomes the one ``--like`` writes for it (as many bits or more)."""
     from convert.gguf.plan import SPARSE_DOWN
-    from convert.gguf.tensors import choose_type, encode
+    from convert.gguf.tensors import LIKE_SUBSTITUTE, choose_type, encode
     from runtime.measure import gguf_row_reader
 
-    _, d_model = _elem_shape(t)
-    w = gguf_row_reader(src)(t.name, 0, d_model)  # (d_model, d_ffn) float32, the stored values
+    _, n_out = _elem_shape(t)
+    w = gguf_row_reader(src)(t.name, 0, n_out)  # (n_out, n_in) float32, the stored values
     wt = np.ascontiguousarray(w.T)
     kind = t.tensor_type.name.lower()
-    typ, why = choose_type(wt.shape, kind) if kind in _ENCODABLE else ("q8_0", (f"{kind.upper()} is not "
-                                                                                "re-encoded by this tool"))
+    sub = None if kind in _ENCODABLE else LIKE_SUBSTITUTE.get(kind.upper(), "q8_0")
+    typ, why = choose_type(wt.shape, sub or kind)
+    if sub is not None:
+        why = f"{kind.upper()} is not re-encoded by this tool" + ("" if why is None else f"; {why}")
     arr = encode(wt, typ)
     return SPARSE_DOWN.format(base=t.name.removesuffix(".weight")), arr, typ.upper(), (
         None if why is None else f"stored as {typ.upper()} ({why})")
