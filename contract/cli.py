@@ -217,6 +217,47 @@ def _formats(formats: str, allowed: tuple[str, ...] | None = None, what: str = "
     return fmts
 
 
+@main.command("ladder")
+@click.argument("model")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the rungs' artifacts, their records and ladder.json/md/html (rerun: resumes).")
+@click.option("--budget-ppl", type=float, default=1.10, show_default=True,
+              help="Largest held-out perplexity ratio vs the source a rung may cost.")
+@click.option("--tiers", default="sparsify,alias,svd-residual,layout", show_default=True,
+              help="Tiers to build, in order, each on the last rung built.")
+@click.option("--require-reduction", type=float, default=None, metavar="X",
+              help="Gate: exit 1 unless the best rung within the budget cuts measured MB/token by ≥ X (e.g. 0.3).")
+@click.option("--heldout-tokens", type=int, default=4096, show_default=True, help="Held-out tokens per perplexity.")
+@click.option("--decode-tokens", type=int, default=32, show_default=True, help="Decode steps per measurement round.")
+@click.option("--rounds", type=int, default=3, show_default=True, help="Alternated timing rounds, ours and llama.cpp.")
+@click.option("--calibration-tokens", type=int, default=2048, show_default=True, help="sparsify's calibration tokens.")
+@click.option("--calibration-samples", type=int, default=None,
+              help="Calibration texts of svd-residual and layout [default: all bundled].")
+@click.option("--threads", type=int, default=None, help="Threads of both engines [default: physical cores].")
+@click.option("--no-llamacpp", is_flag=True, help="Skip llama.cpp's dense decode of the source.")
+def ladder(model, out_dir, budget_ppl, tiers, require_reduction, heldout_tokens, decode_tokens, rounds,
+           calibration_tokens, calibration_samples, threads, no_llamacpp) -> None:
+    """Build MODEL's tier ladder (a GGUF, or an HF folder) and measure every rung.
+
+    Exit 1 when --require-reduction is not met, else 0 (docs/commands.md).
+    """
+    from contract.ladder import LadderConfig, parse_tiers, run_ladder
+    from contract.ladder.report import to_markdown
+    from reports.ladder import write_ladder
+
+    cfg = LadderConfig(budget_ppl=budget_ppl, tiers=parse_tiers(tiers), require_reduction=require_reduction,
+                       heldout_tokens=heldout_tokens, decode_tokens=decode_tokens, rounds=rounds,
+                       llamacpp=not no_llamacpp, calibration_tokens=calibration_tokens,
+                       calibration_samples=calibration_samples, threads=threads)
+    err = make_console(stderr=True)
+    report = run_ladder(_model_arg(model, False), out_dir, cfg,
+                        log=lambda m: err.print(m, soft_wrap=True, markup=False, highlight=False))
+    for p in write_ladder(report, out_dir):
+        err.print(f"wrote {p}", soft_wrap=True, markup=False, highlight=False)
+    click.echo(to_markdown(report), nl=False)
+    sys.exit(report["gate"]["exit_code"])
+
+
 @main.command("compare")
 @click.argument("report_a", metavar="A.json")
 @click.argument("report_b", metavar="B.json")

@@ -26,6 +26,9 @@ ALLOWED = {
     ("contract.quality", "runtime."),  # the quality gate's perplexity of a GGUF: executed by the runtime
     ("convert.layout", "runtime.measure"),  # layout's access frequencies: the GGUF executed as stored
     ("convert.sparsify", "runtime."),  # thresholds calibrated on the GGUF as aios-run executes it, in its format
+    # the tier ladder builds each rung with the converters and measures it in the runtime
+    ("contract.ladder", "convert."),
+    ("contract.ladder", "runtime."),
 }
 
 
