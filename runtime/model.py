@@ -279,18 +279,24 @@ class Model(AttentionRoute, CompiledRoutes):
                  rows: np.ndarray | None = None) -> np.ndarray:
         """X @ Wᵀ (+ bias) of the layer's matrix ``name``. In a sparse mode, where the layer has it
         input-major (``name.T``: runtime/sparse_down.py), each token reads only the rows of its
-        nonzero inputs, and the counter adds exactly those rows' stored bytes; ``rows`` (the
+        nonzero inputs (a prompt: the rows nonzero in some token, once), and the counter adds
+        exactly those rows' stored bytes; ``rows`` (the
         outputs a caller needs) is then not used: every output is computed, from fewer rows.
         Otherwise the dense product of ``_mm``. The one place every sparse site runs through."""
         op = L.get(f"{name}.T") if self.mode != "dense" else None
         if op is None:
             return self._mm(L[f"{name}.weight"], X, layer, a, rows, L.get(f"{name}.bias"))
-        out = np.empty((X.shape[0], op.n_out), np.float32)
-        for t in range(X.shape[0]):
-            active = np.flatnonzero(X[t]).astype(np.int64)
-            for tensor, nbytes in op.sparse_reads(active):  # the stored rows touched, per tensor
+        if X.shape[0] >= 2 and hasattr(op, "chunk_rows"):  # a prompt: each row nonzero in some token, read once
+            for tensor, nbytes in op.sparse_reads(op.chunk_rows(X)):
                 self.counter.add("weights", nbytes, layer, tensor)
-            out[t] = op.sparse_matvec(X[t], active, a)
+            out = op.matmul(X, None, a)
+        else:
+            out = np.empty((X.shape[0], op.n_out), np.float32)
+            for t in range(X.shape[0]):
+                active = np.flatnonzero(X[t]).astype(np.int64)
+                for tensor, nbytes in op.sparse_reads(active):  # the stored rows touched, per tensor
+                    self.counter.add("weights", nbytes, layer, tensor)
+                out[t] = op.sparse_matvec(X[t], active, a)
         bias = L.get(f"{name}.bias")
         if bias is not None:
             self.counter.add("weights", bias.nbytes, layer, op.name + ".bias")

@@ -137,7 +137,8 @@ def finish(cal: Calibration, out: Path, target: float, levels: np.ndarray, cuts:
     t0 = time.perf_counter()
     major = input_major_tensors(cal.model, cal.site, bool(np.any(cuts.values > 0)), inputs, config.sparse_down,
                                 config.input_major)
-    write_sparsified(cal.model.path, out, metadata(result, cuts, config, inputs), cal.model, major, result.warnings)
+    write_sparsified(cal.model.path, out, metadata(result, cuts, config, inputs), cal.model, major, result.warnings,
+                     config.input_major_type if config.input_major else "same")
     seconds["write"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_start
     return result

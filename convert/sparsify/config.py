@@ -50,6 +50,7 @@ class SparsifyConfig:
     max_layer_sparsity: float = 0.95
     sparse_down: bool = False  # store FFN down projections neuron-major (re-encoded)
     input_major: bool = False  # store every matrix a cut input feeds input-major (re-encoded)
+    input_major_type: str = "wider"  # re-encoded in: wider (one step more bits) | same (convert/sparsify/write.py)
     scope: str = "ffn"  # SCOPES
     aim_r1: bool = False  # --target r1: raise the target until held-out texts measure R1_FLOOR + R1_MARGIN
 
@@ -69,6 +70,8 @@ class SparsifyConfig:
                              "use --site down_in.")
         if self.scope not in SCOPES:
             raise UsageError(f"--scope is one of {', '.join(SCOPES)}; got {self.scope!r}.")
+        if self.input_major_type not in ("wider", "same"):
+            raise UsageError(f"--input-major-type is wider or same; got {self.input_major_type!r}.")
         if self.allocation not in ALLOCATIONS:
             raise UsageError(f"--allocation is one of {', '.join(ALLOCATIONS)}; got {self.allocation!r}.")
         for name in ("tokens", "sensitivity_tokens", "window"):
