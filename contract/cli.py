@@ -164,6 +164,12 @@ def check(model, calibration, samples, max_tokens, full_calibration, require_tie
             make_console(stderr=True).print(f"[dim]projecting at the bench's context, {ran} tokens "
                                             "(--context sets another)[/]", soft_wrap=True)
     bar_console = make_console(stderr=True)  # a live bar only on a terminal (not in a CI log)
+    if str(model).endswith(".gguf"):  # a GGUF is measured in aios-run: say when its kernels compile first
+        from runtime import compile_notice
+
+        line = compile_notice(())
+        if line:
+            bar_console.print(f"[dim]{line}…[/]", soft_wrap=True, highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=bar_console, transient=True,
                   disable=not bar_console.is_terminal or bar_console.quiet) as bar:

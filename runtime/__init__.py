@@ -75,8 +75,8 @@ def compile_notice(kinds) -> str | None:
     if cached:
         return None
     names = "/".join(sorted({str(k).upper() for k in kinds}))
-    return (f"compiling kernels for {names} (first run of these sources on this machine; cached in {folder}, "
-            "so later runs start in seconds)")
+    return (f"compiling kernels{' for ' + names if names else ''} (first run of these sources on this machine; "
+            f"cached in {folder}, so later runs start in seconds)")
 
 
 def _is_key(name: str) -> bool:

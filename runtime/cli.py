@@ -53,14 +53,15 @@ def _gguf_args(_ctx: click.Context, _param: click.Parameter, value):
 
 
 def notice_compile(m) -> None:
-    """One stderr line when the kernels will compile before the first token (runtime.compile_notice)."""
+    """One stderr line when the kernels will compile before the first token (runtime.compile_notice);
+    ``m``: the loaded model (its types named), or None (before several files load: bench)."""
     from rich.markup import escape
 
     from aios.cli_common import err_console
     from runtime import compile_notice
 
-    kinds = {p.kind for op in [m.tok_embd, m.output, *(v for L in m.layers for v in L.values())]
-             if hasattr(op, "parts") for p in op.parts()}
+    kinds = set() if m is None else {p.kind for op in [m.tok_embd, m.output, *(v for L in m.layers for v in L.values())]
+                                     if hasattr(op, "parts") for p in op.parts()}
     line = compile_notice(kinds)
     if line:
         err_console.print(f"[dim]{escape(line)}…[/]", soft_wrap=True)
@@ -256,6 +257,7 @@ def bench(models, modes, prompt_tokens, n_tokens, chunk, tokenizer, no_project, 
 
     if baseline_model:
         _gguf_args(click.get_current_context(), None, (baseline_model,))  # type: ignore[arg-type]
+    notice_compile(None)
     res = run_bench(([baseline_model] if baseline_model else []) + list(models), modes=[m.strip() for m in modes.split(",") if m.strip()],
                     prompt_tokens=prompt_tokens, n=n_tokens, chunk=chunk, tokenizer=tokenizer,
                     project=None if no_project else checker_projection, predictor=predictor, cachegrind=cachegrind,

@@ -98,3 +98,18 @@ def test_a_fresh_cache_is_announced_before_the_first_pass(tmp_path, monkeypatch)
     (tmp_path / "numba" / "k" / "kernels_x").mkdir(parents=True)
     (tmp_path / "numba" / "k" / "kernels_x" / "mm.py311.nbi").write_bytes(b"")
     assert runtime.compile_notice({"Q4_K"}) is None
+
+
+def test_the_notice_without_types_and_in_bench_and_check(tmp_path, monkeypatch):
+    """bench (several files) and check (a GGUF) announce the compile too, before any file loads."""
+    import runtime
+
+    monkeypatch.setattr(runtime, "numba_cache_dir", lambda: tmp_path / "numba" / "k")
+    assert runtime.compile_notice(()).startswith("compiling kernels (first run")
+    import inspect
+
+    from contract import cli as ccli
+    from runtime import cli as rcli
+
+    assert "notice_compile(None)" in inspect.getsource(rcli.bench.callback)
+    assert "compile_notice(())" in inspect.getsource(ccli.check.callback)
