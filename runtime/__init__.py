@@ -1,8 +1,9 @@
 """numpy/numba engine for converted artifacts, with byte accounting (MB/token).
 
 Importing it points numba's on-disk cache (every ``cache=True`` function) at a folder named by a
-hash of this package's sources, ``$AIOS_CACHE/numba/<hash>`` (``numba_cache_dir``; AIOS_CACHE
-defaults to ``~/.cache/aios``). numba checks only the source of the file that defines a compiled
+hash of this package's sources and one of the machine (CPU features, numba/llvmlite/Python
+versions), ``$AIOS_CACHE/numba/<hash>-<machine>`` (``numba_cache_dir``; AIOS_CACHE defaults to
+``~/.cache/aios``). numba checks only the source of the file that defines a compiled
 function, while a kernel inlines intrinsics from other files of runtime/kernels and
 runtime.ops / runtime.decode_block compile calls into the kernels: under one folder for all
 sources, an edit to one file could leave another file's cached kernel running the old code.
@@ -58,9 +59,42 @@ def sources_key(root: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_description() -> str:
+    """The CPU the kernels compile for: its model name and feature flags (/proc/cpuinfo's first
+    processor; the platform's machine and processor names elsewhere)."""
+    import platform
+
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    first = text.split("\n\n", 1)[0]
+    keep = [ln for ln in first.splitlines() if ln.split(":", 1)[0].strip() in ("vendor_id", "model name", "flags")]
+    return "\n".join([platform.machine(), platform.processor(), *keep])
+
+
+def machine_key() -> str:
+    """8 hex digits over what else a compiled kernel depends on: the CPU (its features pick the
+    kernels' instructions: AMX, VNNI, AVX-512, AVX2), the numba and llvmlite versions and the
+    Python version. numba's own index checks some of these; keyed here too, a cache written on
+    another CPU or by another version is never the folder this process opens."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    h = hashlib.sha256("\0".join([cpu_description(), ver("numba"), ver("llvmlite"),
+                                  "%d.%d" % sys.version_info[:2]]).encode())
+    return h.hexdigest()[:8]
+
+
 def numba_cache_dir() -> Path:
-    """Where numba caches the kernels of these sources: ``$AIOS_CACHE/numba/<sources_key>``."""
-    return cache_root() / "numba" / sources_key()
+    """Where numba caches the kernels of these sources on this machine:
+    ``$AIOS_CACHE/numba/<sources_key>-<machine_key>``."""
+    return cache_root() / "numba" / f"{sources_key()}-{machine_key()}"
 
 
 def compile_notice(kinds) -> str | None:
@@ -80,7 +114,10 @@ def compile_notice(kinds) -> str | None:
 
 
 def _is_key(name: str) -> bool:
-    return len(name) == 16 and all(c in "0123456789abcdef" for c in name)
+    """A cache folder's name: ``<sources_key>-<machine_key>`` (or an older ``<sources_key>``)."""
+    hexa = lambda t: all(c in "0123456789abcdef" for c in t)  # noqa: E731
+    src, _, mach = name.partition("-")
+    return len(src) == 16 and hexa(src) and (not _ or (len(mach) == 8 and hexa(mach)))
 
 
 def prune(folder: Path, keep: Path) -> None:

@@ -48,11 +48,11 @@ def test_the_key_follows_the_sources_only(tmp_path):
     assert runtime.sources_key(tmp_path) == key
     (tmp_path / "kernels" / "b.py").write_text("y = 3  # njit\n")
     assert runtime.sources_key(tmp_path) != key
-    assert runtime.sources_key() == runtime.numba_cache_dir().name
+    assert runtime.numba_cache_dir().name == f"{runtime.sources_key()}-{runtime.machine_key()}"
 
 
 def test_kernels_cache_under_the_folder_of_these_sources(tmp_path):
-    want = str(tmp_path / "numba" / runtime.sources_key())
+    want = str(tmp_path / "numba" / f"{runtime.sources_key()}-{runtime.machine_key()}")
     for order in ("runtime-first", "numba-first"):
         got = _probe({"AIOS_CACHE": str(tmp_path)}, order)
         assert got["config"] == got["env"] == got["chosen"] == want, (order, got)
@@ -113,3 +113,56 @@ def test_the_notice_without_types_and_in_bench_and_check(tmp_path, monkeypatch):
 
     assert "notice_compile(None)" in inspect.getsource(rcli.bench.callback)
     assert "compile_notice(())" in inspect.getsource(ccli.check.callback)
+
+
+def test_another_cpu_or_version_opens_another_folder(monkeypatch):
+    """The folder is keyed on the CPU's features and the numba/llvmlite/Python versions too: a cache
+    written on another CPU (other flags: other instructions compiled in) or by another numba is
+    never the one this process opens."""
+    import importlib.metadata as md
+
+    here = runtime.numba_cache_dir()
+    desc = runtime.cpu_description()
+    assert "flags" in desc or not Path("/proc/cpuinfo").exists()
+    monkeypatch.setattr(runtime, "cpu_description", lambda: desc.replace("avx2", "").replace("amx_tile", ""))
+    assert runtime.numba_cache_dir() != here and runtime.numba_cache_dir().parent == here.parent
+    monkeypatch.undo()
+    real = md.version
+    monkeypatch.setattr(md, "version", lambda name: "0.0.1" if name == "numba" else real(name))
+    assert runtime.numba_cache_dir() != here
+    monkeypatch.undo()
+    assert runtime.numba_cache_dir() == here
+
+
+RUN = """
+import sys, numpy as np
+from runtime.model import Model
+np.save(sys.argv[2], Model(sys.argv[1], arithmetic="float").forward(list(range(3, 19)), all_logits=True))
+"""
+
+
+def test_two_processes_compiling_at_once_on_a_fresh_cache(tmp_path):
+    """Two processes on an empty cache compile the same kernels at once: both finish, with the same
+    logits, and leave the cache that a third process loads."""
+    from tests.conftest import write_gguf
+
+    model = write_gguf(tmp_path / "m.gguf")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", runtime.CHOSEN_ENV)}
+    env["AIOS_CACHE"] = str(tmp_path / "cache")
+    procs = [subprocess.Popen([sys.executable, "-c", RUN, str(model), str(tmp_path / f"l{i}.npy")], env=env,
+                              cwd=ROOT, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err[-2000:]
+    import numpy as np
+
+    a, b = np.load(tmp_path / "l0.npy"), np.load(tmp_path / "l1.npy")
+    assert np.array_equal(a, b)
+    folder = next((tmp_path / "cache" / "numba").iterdir())
+    assert list(folder.rglob("*.nbi"))
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", RUN, str(model), str(tmp_path / "l2.npy")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=900, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert np.array_equal(np.load(tmp_path / "l2.npy"), a)
+    assert time.perf_counter() - t0 < 60  # loaded, not compiled again
