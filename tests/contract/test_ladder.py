@@ -151,3 +151,50 @@ def test_llamacpp_decodes_the_source_in_alternated_rounds(source, tmp_path):
         m = r["measured"]
         assert len(m["llamacpp_tok_s_rounds"]) == 2 and m["llamacpp_tok_s"] > 0 and m["ratio_vs_llamacpp"] > 0
     assert "llama.cpp via llama-cpp-python" in (out / "ladder.md").read_text()
+
+
+def test_a_full_disk_mid_rung_leaves_nothing_and_the_next_run_builds_it(source, tmp_path, monkeypatch):
+    """The disk fills while a rung is written: one sentence and the disk-full exit code from the CLI,
+    no artifact or scratch left, and the next run builds the rung."""
+    import errno
+
+    import convert.layout
+
+    real = convert.layout.layout_gguf
+
+    def full(model, output, *a, **kw):
+        with open(output, "wb") as fh:
+            fh.write(b"GGUF" + b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "out"
+    args = [source, "-o", out, "--tiers", "layout", *SMALL]
+    monkeypatch.setattr(convert.layout, "layout_gguf", full)
+    res = run(*args)
+    assert res.exit_code not in (0, 1) and "Traceback" not in res.output and "space" in res.output.lower()
+    assert not list(out.glob("*layout*")) and not list(out.glob(".building-*"))
+    monkeypatch.setattr(convert.layout, "layout_gguf", real)
+    res = run(*args)
+    assert res.exit_code == 0, res.output
+    assert (out / "1-layout.gguf").is_file() and "layout: built 1-layout.gguf" in res.stderr
+
+
+def test_the_html_opens_in_a_real_browser(ladder, tmp_path):
+    """Headless Chromium renders ladder.html to a screenshot (skipped where no Chromium is installed:
+    `apt-get install chromium`)."""
+    import shutil
+    import subprocess
+
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    if exe is None:
+        pytest.skip("no Chromium on PATH")
+    out, _ = ladder
+    shot = tmp_path / "ladder.png"
+    res = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                          "--window-size=1200,1600", (out / "ladder.html").as_uri()],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert shot.is_file() and shot.stat().st_size > 20_000, res.stderr[-2000:]
+    from matplotlib.image import imread
+
+    img = imread(shot)
+    assert img.shape[0] >= 1000 and img[..., :3].std() > 0.05  # a page with a picture, not a blank one
