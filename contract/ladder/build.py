@@ -190,7 +190,7 @@ def build_sparsify(src: Path, dst: Path, cfg, log: Log) -> tuple[dict, list[str]
         k += 1
         what = f"max-ppl-ratio {c.max_ppl_ratio}" if c.target is None else f"target {c.target}"
         log(f"sparsify: calibrating ({what})")
-        result = sparsify(src, dst, c)
+        result = sparsify(src, dst, c, progress=phase_log("sparsify", log))
         ratio = round(heldout_perplexity(dst, cfg.heldout_tokens) / ppl_src, 4)
         tried.append({"target": result.target, "ladder_ppl_ratio": ratio,
                       "sparsify_heldout_ppl_ratio": result.heldout.get("ppl_ratio")})
@@ -206,6 +206,21 @@ def build_sparsify(src: Path, dst: Path, cfg, log: Log) -> tuple[dict, list[str]
                      f"kept the last ({result.target})")
     return {"target": result.target, "site": result.site, "scope": result.scope, "tried": tried,
             "heldout": {k: v for k, v in result.heldout.items() if not k.startswith("per_layer")}}, notes
+
+
+def phase_log(tier: str, log: Log) -> Callable[[str, int, int], None]:
+    """A converter's (phase, done, total) progress as log lines: each phase once when it starts
+    and once when it is done, with its elapsed time (log-friendly: no redrawn bar)."""
+    state: dict = {"phase": None, "t0": 0.0}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase != state["phase"]:
+            state["phase"], state["t0"] = phase, time.perf_counter()
+            log(f"{tier}: {phase} …")
+        if done == total:
+            log(f"{tier}: {phase}: {done}/{total} in {time.perf_counter() - state['t0']:.1f} s")
+
+    return progress
 
 
 def build_alias(src: Path, dst: Path, cfg, log: Log) -> tuple[dict, list[str]]:
