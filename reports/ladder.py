@@ -70,7 +70,10 @@ def ladder_html(report: dict) -> str:
     by_kind = [[esc(f"{r['index']} {r['name']}")] + [f"{(r['measured']['weights_by_kind'] or {}).get(k, 0):.4f}"
                                                      for k in kinds] for r in rungs if r["measured"]]
     notes = "".join(f"<li>{esc(r['index'])} {esc(r['name'])} skipped (on {esc(r['built_on'])}): {esc(r['reason'])}</li>"
-                    for r in rungs if r["status"] == "skipped")
+                    for r in rungs if r["status"] == "skipped") + "".join(
+        f"<li>{esc(r['index'])} {esc(r['name'])}: {esc(n)}</li>" for r in rungs for n in (r.get("notes") or [])) + "".join(
+        f"<li>{esc(r['index'])} {esc(r['name'])} built, not measured: {esc(r['not_measured'])}</li>"
+        for r in rungs if r.get("not_measured"))
     llama = report.get("llamacpp")
     llama_txt = ("not run (--no-llamacpp)" if not llama else
                  f"{llama['engine']} {llama.get('llama_cpp_python') or ''}, dense decode of the source, "

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from aios import __version__
-from aios.errors import ExitCode, InvalidModelError, ModelNotFoundError, UsageError
+from aios.errors import AiosError, ExitCode, InvalidModelError, ModelNotFoundError, UsageError
 from aios.io import sha256_file
 from contract.ladder.build import TIERS, Rung, build_rung, clean_scratch
 from contract.ladder.measure import best_mode, check_rung, compare, measure_rung
@@ -139,9 +139,16 @@ def run_ladder(model: str, out_dir: str | Path, cfg: LadderConfig = LadderConfig
             continue
         mode = "dense" if r.name == "dense" else best_mode(r.artifact)
         log(f"measuring rung {r.index} {r.name} ({mode}){' against llama.cpp' if llama else ''}")
-        row["measured"] = measure_rung(r.artifact, mode, cfg, llama=llama, log=log)
-        log(f"checking rung {r.index} {r.name}")
-        row["check"] = check_rung(r.artifact, context, cfg.check_samples)
+        try:
+            row["measured"] = measure_rung(r.artifact, mode, cfg, llama=llama, log=log)
+            log(f"checking rung {r.index} {r.name}")
+            row["check"] = check_rung(r.artifact, context, cfg.check_samples)
+        except AiosError as e:  # the runtime or the checker cannot take this rung: said, the ladder goes on
+            if r.name == "dense":
+                raise
+            log(f"rung {r.index} {r.name}: not measured: {e.message}")
+            row.update(measured=None, check=None, not_measured=e.message)
+            continue
         row["projection_vs_measured"] = compare(row["measured"], (row["check"] or {}).get("projection"))
     if llama is not None:
         llama_info = llama.describe()

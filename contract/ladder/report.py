@@ -79,6 +79,10 @@ def to_markdown(report: dict) -> str:
     for r in report["rungs"]:
         if r["status"] == "skipped":
             lines.append(f"- Rung {r['index']} {r['name']} skipped (built on {r['built_on']}): {r['reason']}")
+        for note in r.get("notes") or []:
+            lines.append(f"- Rung {r['index']} {r['name']}: {note}")
+        if r.get("not_measured"):
+            lines.append(f"- Rung {r['index']} {r['name']} built, not measured: {r['not_measured']}")
         pm = r.get("projection_vs_measured")
         if pm and pm["differs"]:
             lines.append(f"- Rung {r['index']} {r['name']}: projected {pm['projected_mb_per_token']:.4f} vs measured "

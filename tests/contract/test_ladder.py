@@ -198,3 +198,25 @@ def test_the_html_opens_in_a_real_browser(ladder, tmp_path):
 
     img = imread(shot)
     assert img.shape[0] >= 1000 and img[..., :3].std() > 0.05  # a page with a picture, not a blank one
+
+
+def test_a_rung_the_runtime_cannot_run_is_reported_and_the_ladder_goes_on(source, tmp_path, monkeypatch):
+    from aios.errors import InvalidModelError
+    from contract import ladder as L
+    from contract.ladder.report import ladder_schema, to_markdown
+
+    real = L.measure_rung
+
+    def refuse(path, mode, cfg, **kw):
+        if "layout" in str(path):
+            raise InvalidModelError(f"{path.name} has no 'token_embd.weight' tensor.")
+        return real(path, mode, cfg, **kw)
+
+    monkeypatch.setattr(L, "measure_rung", refuse)
+    cfg = L.LadderConfig(tiers=("layout",), heldout_tokens=64, decode_tokens=4, rounds=1, llamacpp=False,
+                         calibration_samples=2, check_samples=4, threads=1)
+    rep = L.run_ladder(str(source), tmp_path / "out", cfg)
+    r = rep["rungs"][1]
+    assert r["status"] == "built" and r["measured"] is None and "token_embd" in r["not_measured"]
+    jsonschema.validate(json.loads(json.dumps(rep, default=str)), ladder_schema())
+    assert "built, not measured" in to_markdown(rep) and rep["best"]["rung"] == "dense"
