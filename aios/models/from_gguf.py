@@ -31,6 +31,7 @@ from aios.io import sha256_file
 from aios.models.handle import ModelHandle
 
 MARKER = "aios_source_gguf.json"
+CACHE_FORMAT = "v2"  # v2: a tied embedding saved under its own name (v1 folders kept only lm_head.weight)
 # keys of GGUFs only aios-run runs (extra or replaced tensors): no HF twin can be made of them
 AIOS_ONLY = {"aios.lowrank.format": "low-rank + residual matrices, aios-convert svd-residual",
              "aios.alias.groups": "canonical + delta weights, aios-convert alias --gguf",
@@ -67,7 +68,7 @@ def hf_source(handle: ModelHandle, progress=None) -> ModelHandle:
                                 "transformers can load; convert the model it was made from.")
 
     record = source_record(handle)
-    folder = cache_root() / f"{handle.path.stem}-{record['sha256'][:16]}"
+    folder = cache_root() / f"{handle.path.stem}-{record['sha256'][:16]}-{CACHE_FORMAT}"
     if not (folder / MARKER).is_file():
         if progress:
             progress(f"dequantizing {handle.path.name} into an HF folder (once; cached in {folder})")
@@ -102,6 +103,19 @@ def _save_hf(model, folder: Path) -> None:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and emb is not None and head.weight is emb.weight:
+        # tied: keep the embedding's name, as save_pretrained does (safetensors alone kept
+        # lm_head.weight, and a GGUF exported from the folder then had no token_embd.weight)
+        from safetensors.torch import save_file
+
+        sd = model.state_dict()
+        ptr = emb.weight.data_ptr()
+        keep = next(n for n, mod in model.named_modules() if mod is emb) + ".weight"
+        drop = {k for k, v in sd.items() if v.data_ptr() == ptr and k != keep}
+        save_file({k: v.contiguous() for k, v in sd.items() if k not in drop}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        return
     save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 

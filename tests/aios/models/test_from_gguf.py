@@ -74,3 +74,33 @@ def test_relufy_starts_from_a_gguf(q8, tmp_path):
     prov = json.loads((out / "aios_relufy.json").read_text())
     assert prov["source"]["gguf"]["file"] == q8.name and prov["source"]["gguf"]["quantized"]
     assert resolve_model(str(out)).facts.activation == "relu"
+
+
+def test_a_tied_embedding_keeps_its_name_and_its_gguf_has_token_embd(tmp_path, monkeypatch):
+    """A model whose head is its embedding (Gemma, Qwen2.5-1.5B): the twin stores the tensor as
+    the embedding, so a GGUF exported from it has token_embd.weight (safetensors alone kept
+    lm_head.weight, and the real Gemma 3 270M's svd-residual file could not load)."""
+    import gguf
+    from safetensors import safe_open
+
+    from convert.gguf import GGUFExportConfig, export_gguf
+    from tests.conftest import build_hf_model
+
+    monkeypatch.setenv("AIOS_CACHE", str(tmp_path / "cache"))
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+
+    hf = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True, vocab_size=2048)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, hf / f)
+    src = tmp_path / "tied.q8_0.gguf"
+    export_gguf(str(hf), src, GGUFExportConfig("q8_0"))
+    folder = hf_source(resolve_model(str(src)))
+    with safe_open(str(folder.path / "model.safetensors"), "np") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys
+    back = tmp_path / "back.gguf"
+    export_gguf(str(src), back, GGUFExportConfig("q8_0"))
+    names = {t.name for t in gguf.GGUFReader(str(back)).tensors}
+    assert "token_embd.weight" in names
