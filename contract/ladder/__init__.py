@@ -137,9 +137,9 @@ def run_ladder(model: str, out_dir: str | Path, cfg: LadderConfig = LadderConfig
         rows.append(row)
         if r.artifact is None:
             continue
-        mode = "dense" if r.name == "dense" else best_mode(r.artifact)
-        log(f"measuring rung {r.index} {r.name} ({mode}){' against llama.cpp' if llama else ''}")
         try:
+            mode = "dense" if r.name == "dense" else best_mode(r.artifact)
+            log(f"measuring rung {r.index} {r.name} ({mode}){' against llama.cpp' if llama else ''}")
             row["measured"] = measure_rung(r.artifact, mode, cfg, llama=llama, log=log)
             log(f"checking rung {r.index} {r.name}")
             row["check"] = check_rung(r.artifact, context, cfg.check_samples)

@@ -213,6 +213,8 @@ def test_a_rung_the_runtime_cannot_run_is_reported_and_the_ladder_goes_on(source
         return real(path, mode, cfg, **kw)
 
     monkeypatch.setattr(L, "measure_rung", refuse)
+    real_mode = L.best_mode
+    monkeypatch.setattr(L, "best_mode", lambda p: refuse(p, None, None) if "layout" in str(p) else real_mode(p))
     cfg = L.LadderConfig(tiers=("layout",), heldout_tokens=64, decode_tokens=4, rounds=1, llamacpp=False,
                          calibration_samples=2, check_samples=4, threads=1)
     rep = L.run_ladder(str(source), tmp_path / "out", cfg)
