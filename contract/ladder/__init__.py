@@ -118,8 +118,9 @@ def run_ladder(model: str, out_dir: str | Path, cfg: LadderConfig = LadderConfig
             # the tier does not compose with the rung before it: measure it on the source instead
             log(f"{tier}: does not take {base.name}'s file ({r.reason}); building it on the source")
             alone = build_rung(k, tier, rungs[0], source_sha, out, cfg, log)
-            if alone.artifact is not None:
-                r = alone
+            if alone.artifact is None:  # the source's reason is the one that matters
+                alone.reason = f"{alone.reason} (on the source; it does not take {base.name}'s file either)"
+            r = alone
         if r.artifact is not None and base is not rungs[0] and r.built_on == "dense":
             r.notes.insert(0, f"built on the source: {tier} does not take {base.name}'s file")
         rungs.append(r)
