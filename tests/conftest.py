@@ -275,3 +275,15 @@ def real_qwen():
         return real.fetch(real.QWEN25_CODER_15B_Q4_K_M)
     except AiosError as e:
         pytest.skip(f"real model unavailable: {e.message}")
+
+
+@pytest.fixture
+def no_row_decoding(monkeypatch):
+    """Every stored type sums its input-major rows in a kernel (the float ones, and each block
+    type's blocks read in place): the gguf-py row-decoding fallback of NeuronRows never runs."""
+    from runtime.sparse_down import NeuronRows
+
+    def refuse(self, a, active):
+        raise AssertionError(f"{self.m.kind} rows decoded by gguf-py: no sparse kernel ran")
+
+    monkeypatch.setattr(NeuronRows, "_decode_rows_matvec", refuse)

@@ -55,15 +55,8 @@ def source(tmp_path_factory):
     return make
 
 
-@pytest.fixture(autouse=True)
-def no_row_decoding(monkeypatch):
-    """Every stored type sums its rows in a kernel: the gguf-py row-decoding fallback never runs."""
-    from runtime.sparse_down import NeuronRows
-
-    def refuse(self, a, active):
-        raise AssertionError(f"{self.m.kind} rows decoded by gguf-py: no sparse kernel ran")
-
-    monkeypatch.setattr(NeuronRows, "_decode_rows_matvec", refuse)
+# every stored type sums its rows in a kernel: gguf-py's row decoding is refused (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_row_decoding")
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

@@ -23,16 +23,8 @@ IDS = list(range(5, 29))
 EVERY_OUTTYPE = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k"]  # what the exporter writes
 
 
-@pytest.fixture(autouse=True)
-def no_row_decoding(monkeypatch):
-    """Every stored type sums its rows in a kernel (the float ones, and each block type's blocks
-    read in place): the gguf-py row-decoding fallback of NeuronRows is never taken here."""
-    from runtime.sparse_down import NeuronRows
-
-    def refuse(self, a, active):
-        raise AssertionError(f"{self.m.kind} rows decoded by gguf-py: no sparse kernel ran")
-
-    monkeypatch.setattr(NeuronRows, "_decode_rows_matvec", refuse)
+# every stored type sums its rows in a kernel: gguf-py's row decoding is refused (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_row_decoding")
 
 
 @pytest.fixture(scope="module")
