@@ -103,9 +103,15 @@ def run_ladder(model: str, out_dir: str | Path, cfg: LadderConfig = LadderConfig
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out} is a file; pass a folder for the ladder's artifacts and reports.")
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     clean_scratch(out)
-    src = source_gguf(model, out, log)
+    try:
+        src = source_gguf(model, out, log)
+    except AiosError:
+        if made and not any(out.iterdir()):  # a bad MODEL leaves no empty folder behind
+            out.rmdir()
+        raise
     threads = set_threads(cfg.threads)
     source_sha = sha256_file(src)
     rungs = [Rung(0, "dense", "source", src, settings={"file": src.name}, sha256=source_sha)]

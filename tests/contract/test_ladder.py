@@ -134,6 +134,7 @@ def test_bad_input_and_options(source, tmp_path):
     bad.write_bytes(b"GGUF" + b"\x01" * 20)
     res = run(bad, "-o", tmp_path / "o2", "--no-llamacpp")
     assert res.exit_code == 4 and "Traceback" not in res.output
+    assert not (tmp_path / "o2").exists()  # nothing written for a file it cannot read
 
 
 def test_llamacpp_decodes_the_source_in_alternated_rounds(source, tmp_path):
