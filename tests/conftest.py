@@ -76,6 +76,18 @@ def build_hf_model(kind: str, folder: Path, *, shard_kb: int | None = None, **ov
     return folder
 
 
+def with_tokenizer(folder: Path) -> Path:
+    """``folder`` (a saved tiny model) with the tiny-falcon fixture's tokenizer copied in, so the
+    converters that read text (sparsify, the from-GGUF twin) can tokenize (vocab ≤ 2048)."""
+    import shutil
+
+    from aios.models.aliases import FIXTURES_DIR
+
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, folder / f)
+    return folder
+
+
 @pytest.fixture
 def hf_model(tmp_path):
     """Factory: ``hf_model("llama")`` -> folder of a saved tiny model."""

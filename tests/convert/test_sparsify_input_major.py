@@ -7,20 +7,18 @@ wrong rows, or a site whose rows were read for zero inputs, moves the logits or 
 
 from __future__ import annotations
 
-import shutil
 
 import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from aios.models.aliases import FIXTURES_DIR
 from convert.sparsify import SparsifyConfig, sparsify
 from convert.sparsify.write import WIDER
 from runtime.generate import generate
 from runtime.model import Model
 from runtime.thresholds import INPUT_SITES, SITE_MATRICES
-from tests.conftest import build_hf_model
+from tests.conftest import build_hf_model, with_tokenizer
 
 SMALL = dict(tokens=192, sensitivity_tokens=64, window=64, heldout_tokens=0)
 IDS = list(range(5, 29))
@@ -37,10 +35,8 @@ def source(tmp_path_factory):
     from convert.gguf import GGUFExportConfig, export_gguf
 
     root = tmp_path_factory.mktemp("input-major")
-    src = build_hf_model("qwen2", root / "hf", hidden_size=256, intermediate_size=512, vocab_size=2048,
-                         num_attention_heads=4, num_key_value_heads=4)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    src = with_tokenizer(build_hf_model("qwen2", root / "hf", hidden_size=256, intermediate_size=512,
+                                        vocab_size=2048, num_attention_heads=4, num_key_value_heads=4))
     made = {}
 
     def make(outtype):

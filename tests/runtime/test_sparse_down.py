@@ -6,7 +6,6 @@ the bytes counted are exactly the stored rows touched."""
 
 from __future__ import annotations
 
-import shutil
 
 import gguf
 import numpy as np
@@ -17,7 +16,7 @@ from aios.models.aliases import FIXTURES_DIR
 from convert.gguf import GGUFExportConfig, export_gguf
 from runtime.generate import generate
 from runtime.model import Model
-from tests.conftest import build_hf_model
+from tests.conftest import build_hf_model, with_tokenizer
 
 IDS = list(range(5, 29))
 EVERY_OUTTYPE = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k"]  # what the exporter writes
@@ -32,10 +31,8 @@ def gated_relu_file(tmp_path_factory):
     """Factory: outtype -> a --sparse-down export of a gated-ReLU Llama (d_model 256, so the
     neuron-major rows hold whole K-quant super-blocks), made once per type."""
     root = tmp_path_factory.mktemp("gated")
-    src = build_hf_model("llama", root / "src", hidden_size=256, intermediate_size=512, vocab_size=2048,
-                         hidden_act="relu")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, src / f)
+    src = with_tokenizer(build_hf_model("llama", root / "src", hidden_size=256, intermediate_size=512,
+                                        vocab_size=2048, hidden_act="relu"))
     made = {}
 
     def make(outtype):

@@ -84,16 +84,10 @@ def test_a_tied_embedding_keeps_its_name_and_its_gguf_has_token_embd(tmp_path, m
     from safetensors import safe_open
 
     from convert.gguf import GGUFExportConfig, export_gguf
-    from tests.conftest import build_hf_model
+    from tests.conftest import build_hf_model, with_tokenizer
 
     monkeypatch.setenv("AIOS_CACHE", str(tmp_path / "cache"))
-    import shutil
-
-    from aios.models.aliases import FIXTURES_DIR
-
-    hf = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True, vocab_size=2048)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIXTURES_DIR / "tiny-falcon" / f, hf / f)
+    hf = with_tokenizer(build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True, vocab_size=2048))
     src = tmp_path / "tied.q8_0.gguf"
     export_gguf(str(hf), src, GGUFExportConfig("q8_0"))
     folder = hf_source(resolve_model(str(src)))
